@@ -1,0 +1,44 @@
+# Self-documenting: `make` alone lists every target with its `## description`.
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+DEVDB := $(BIN)/python -m service.devdb exec
+
+.PHONY: help install test lint run demo status bench bench-quick chaos fuzz clean
+
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
+	  awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is needed"'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test,dev]'
+	@touch $@
+
+install: $(STAMP) ## create .venv with the service and its dependencies
+
+test: install ## run the whole test suite against a real PostgreSQL
+	$(DEVDB) --shared-ok -- $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: install ## ruff and mypy
+	$(BIN)/ruff check service tests
+	$(BIN)/mypy
+
+run: install ## migrate, load the demo schema, print a token, serve the API and a worker
+	WEBHOOKS_ALLOW_PRIVATE_TARGETS=$${WEBHOOKS_ALLOW_PRIVATE_TARGETS:-true} \
+	  $(DEVDB) -- $(BIN)/webhooks dev
+
+demo: install ## subscribe a local receiver and watch signed deliveries (with `make run` going)
+	$(DEVDB) -- $(BIN)/webhooks demo
+
+status: install ## what the service is doing, at a glance
+	$(DEVDB) -- $(BIN)/webhooks status
+
+clean: ## remove the virtualenv and caches (keeps .pgdata)
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

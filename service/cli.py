@@ -1,0 +1,203 @@
+"""The `webhooks` command line: migrate, api, worker, run, token, status, demo."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+import psycopg
+
+from service import __version__
+from service.config import ConfigError, Settings
+from service.logs import setup_logging
+
+log = logging.getLogger("webhooks.cli")
+
+
+def _settings() -> Settings:
+    try:
+        return Settings.from_env()
+    except ConfigError as exc:
+        raise SystemExit(f"webhooks: configuration error: {exc}") from None
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from service import db
+
+    applied = db.migrate(_settings().database_url)
+    print(f"applied {len(applied)} migration(s): {', '.join(applied)}" if applied
+          else "database is up to date")
+    return 0
+
+
+def cmd_api(args: argparse.Namespace) -> int:
+    from service.api import serve
+
+    asyncio.run(serve(_settings(), host=args.host, port=args.port))
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from service.worker import run_worker
+
+    settings = _settings()
+    asyncio.run(run_worker(settings, concurrency=args.concurrency or settings.concurrency,
+                           metrics_port=args.metrics_port))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from service.runner import run_all
+
+    settings = _settings()
+    asyncio.run(run_all(settings, host=args.host, port=args.port,
+                        concurrency=args.concurrency or settings.concurrency))
+    return 0
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    from service.dev import dev
+
+    return dev(_settings(), host=args.host, port=args.port, token_file=args.token_file)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from service.demo import run_demo
+
+    return asyncio.run(run_demo(_settings(), api=args.api, token=args.token,
+                                token_file=args.token_file))
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from service.status import print_status
+
+    return print_status(_settings(), as_json=args.json)
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    from service import tokens
+
+    with psycopg.connect(_settings().database_url, autocommit=True) as conn:
+        if args.token_command == "create":
+            try:
+                token_id, token = tokens.create(conn, args.owner, args.tenant)
+            except ValueError as exc:
+                raise SystemExit(f"webhooks token create: {exc}") from None
+            scope = f" (tenant {args.tenant})" if args.tenant else ""
+            print(f"created token {token_id} for owner {args.owner}{scope}; "
+                  "it is shown only now:")
+            print(token)
+        elif args.token_command == "list":
+            rows = tokens.list_all(conn)
+            print(f"{'id':>6}  {'owner':<20} {'tenant':<16} {'created':<20} revoked")
+            for row in rows:
+                print(f"{row['id']:>6}  {row['owner']:<20} {row['tenant'] or '-':<16} "
+                      f"{row['created_at']:%Y-%m-%d %H:%M:%S}  "
+                      f"{row['revoked_at'] and format(row['revoked_at'], '%Y-%m-%d %H:%M:%S') or '-'}")
+        else:
+            if not tokens.revoke(conn, args.id):
+                print(f"webhooks token revoke: no token with id {args.id}", file=sys.stderr)
+                return 1
+            print(f"revoked token {args.id}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every command."""
+    parser = argparse.ArgumentParser(
+        prog="webhooks",
+        description="Postgres-centric webhook subscription service. Configuration comes from "
+                    "DATABASE_URL and WEBHOOKS_* environment variables (see README).",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("migrate", help="apply pending database migrations (idempotent)",
+                       description="Apply pending migrations to DATABASE_URL. Safe to run "
+                                   "again, and from several processes at once.")
+    p.set_defaults(func=cmd_migrate)
+
+    def serve_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+        p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+
+    p = sub.add_parser("api", help="serve the REST API",
+                       description="Serve the REST API (/api/v1/...) until SIGTERM or Ctrl-C.")
+    serve_options(p)
+    p.set_defaults(func=cmd_api)
+
+    p = sub.add_parser("worker", help="deliver webhooks",
+                       description="Fan out captured events and deliver them, until SIGTERM "
+                                   "or Ctrl-C; in-flight deliveries finish or are released.")
+    p.add_argument("--concurrency", type=int, default=None,
+                   help="deliveries in flight at once (default WEBHOOKS_CONCURRENCY, 64)")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus metrics on this port (127.0.0.1)")
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("run", help="serve the API and run a worker in one process",
+                       description="The API and a worker together, for small installations.")
+    serve_options(p)
+    p.add_argument("--concurrency", type=int, default=None, help="worker concurrency")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("dev", help="what `make run` runs: migrate, demo schema, token, run",
+                       description="Apply migrations, load the demo schema "
+                                   "(sql/triggers/example_invoices.sql), create or reuse a "
+                                   "development token, print it with a curl example, then run "
+                                   "the API and a worker.")
+    serve_options(p)
+    p.add_argument("--token-file", default=".webhooks-dev-token",
+                   help="where the development token is kept between runs")
+    p.set_defaults(func=cmd_dev)
+
+    p = sub.add_parser("demo", help="subscribe a local receiver and show signed deliveries",
+                       description="Start a receiver on 127.0.0.1, subscribe it through the "
+                                   "REST API, insert an invoice and a payment with psql, and "
+                                   "print each delivery and whether its signature verified.")
+    p.add_argument("--api", default="http://127.0.0.1:8000", help="base URL of the API")
+    p.add_argument("--token", default=None, help="API token (default: the development token)")
+    p.add_argument("--token-file", default=".webhooks-dev-token")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("status", help="what the service is doing, at a glance",
+                       description="Attached tables, subscriptions by state, deliveries due, "
+                                   "oldest pending age, recent failures, outbox backlog.")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("token", help="create, list or revoke API tokens",
+                       description="Manage API tokens. Tokens are stored only as hashes.")
+    tsub = p.add_subparsers(dest="token_command", required=True, metavar="ACTION")
+    t = tsub.add_parser("create", help="create a token (printed alone on the last line)",
+                        description="Create a token for an owner, optionally scoped to a "
+                                    "tenant; the token is printed alone on the last line.")
+    t.add_argument("--owner", required=True, help="who the token's subscriptions belong to")
+    t.add_argument("--tenant", default=None,
+                   help="only rows of this tenant reach this token's subscriptions")
+    t.set_defaults(func=cmd_token)
+    t = tsub.add_parser("list", help="list tokens (never the tokens themselves)",
+                        description="List token ids, owners, tenants and dates.")
+    t.set_defaults(func=cmd_token)
+    t = tsub.add_parser("revoke", help="revoke a token by id",
+                        description="Revoke a token; requests with it get 401 at once.")
+    t.add_argument("id", type=int, help="token id (see `webhooks token list`)")
+    t.set_defaults(func=cmd_token)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `webhooks` console script."""
+    args = build_parser().parse_args(argv)
+    settings = _settings()
+    setup_logging(settings.log_format, settings.log_level)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+    except psycopg.OperationalError as exc:
+        print(f"webhooks: cannot reach the database: {str(exc).strip()}", file=sys.stderr)
+        return 1

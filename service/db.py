@@ -1,0 +1,95 @@
+"""Database access: the SQL files, named queries, connection pools and migrations."""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from pathlib import Path
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+ROOT = Path(__file__).resolve().parent.parent
+SQL_DIR = ROOT / "sql"
+MIGRATIONS_DIR = ROOT / "migrations"
+
+# Taken while migrating, so two processes starting at once apply each migration once.
+MIGRATION_LOCK = 0x77686B73  # "whks"
+
+_NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*--?\s*$", re.MULTILINE)
+
+
+def parse_queries(text: str) -> dict[str, str]:
+    """The queries of a file, keyed by the name in the `-- name: x --` line above each."""
+    queries: dict[str, str] = {}
+    parts = _NAME.split(text)
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name in queries:
+            raise ValueError(f"query {name!r} is defined twice")
+        queries[name] = body.strip()
+    return queries
+
+
+@cache
+def queries() -> dict[str, str]:
+    """Every named query in sql/queries/*.sql, loaded once."""
+    found: dict[str, str] = {}
+    for path in sorted((SQL_DIR / "queries").glob("*.sql")):
+        for name, body in parse_queries(path.read_text()).items():
+            if name in found:
+                raise ValueError(f"query {name!r} is defined twice (again in {path.name})")
+            found[name] = body
+    return found
+
+
+def query(name: str) -> str:
+    """The SQL text of the named query."""
+    return queries()[name]
+
+
+def make_pool(url: str, *, min_size: int = 1, max_size: int = 10, name: str = "webhooks"
+              ) -> AsyncConnectionPool:
+    """An unopened async pool; the caller opens it (`await pool.open(wait=True)`) and closes it."""
+    return AsyncConnectionPool(
+        url,
+        min_size=min_size,
+        max_size=max_size,
+        open=False,
+        name=name,
+        kwargs={"autocommit": True, "application_name": f"webhooks-{name}"},
+        check=AsyncConnectionPool.check_connection,
+    )
+
+
+def yoyo_url(url: str) -> str:
+    """The libpq URI in the form yoyo expects for the psycopg 3 driver."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("postgres", "postgresql"):
+        raise ValueError("DATABASE_URL must be a postgresql:// URI")
+    return f"postgresql+psycopg://{rest}"
+
+
+def migrate(url: str) -> list[str]:
+    """Applies the pending migrations; returns their ids (empty when up to date)."""
+    from yoyo import get_backend, read_migrations
+
+    with psycopg.connect(url, autocommit=True) as lock_conn:
+        lock_conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
+        try:
+            backend = get_backend(yoyo_url(url))
+            try:
+                migrations = read_migrations(str(MIGRATIONS_DIR))
+                with backend.lock():
+                    pending = backend.to_apply(migrations)
+                    backend.apply_migrations(pending)
+                return [m.id for m in pending]
+            finally:
+                backend.connection.close()
+        finally:
+            lock_conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
+
+
+def load_sql_file(url: str, path: Path) -> None:
+    """Runs one SQL file in a single transaction."""
+    with psycopg.connect(url) as conn:
+        conn.execute(path.read_text().encode())  # type: ignore[call-overload]

@@ -1,0 +1,156 @@
+"""A private PostgreSQL cluster in .pgdata/ for `make run` and `make test` on machines
+without one, started from the installed server binaries (as the `postgres` OS user when
+the caller is root, since initdb refuses root)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import psycopg
+
+PRIVATE_PORT = 54329
+SHARED_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def private_url(port: int = PRIVATE_PORT) -> str:
+    """The URL of the private cluster's maintenance database."""
+    return f"postgresql://postgres@127.0.0.1:{port}/postgres"
+
+
+def answers(url: str, timeout: float = 2.0) -> bool:
+    """Whether a server accepts a connection at `url`."""
+    try:
+        with psycopg.connect(url, connect_timeout=max(1, int(timeout))):
+            return True
+    except psycopg.Error:
+        return False
+
+
+def bindir() -> Path:
+    """The directory of the PostgreSQL server binaries (initdb, pg_ctl)."""
+    candidates: list[Path] = []
+    pg_config = shutil.which("pg_config")
+    if pg_config:
+        out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True)
+        if out.returncode == 0:
+            candidates.append(Path(out.stdout.strip()))
+    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin"),
+                      key=lambda p: int(Path(p).parent.name) if Path(p).parent.name.isdigit() else 0,
+                      reverse=True)
+    candidates += [Path(p) for p in versions]
+    if shutil.which("initdb"):
+        candidates.append(Path(shutil.which("initdb") or "").parent)
+    for path in candidates:
+        if (path / "initdb").exists() and (path / "pg_ctl").exists():
+            return path
+    raise RuntimeError(
+        "no PostgreSQL server binaries found (looked in `pg_config --bindir` and "
+        "/usr/lib/postgresql/*/bin): install the PostgreSQL server, or set DATABASE_URL"
+    )
+
+
+def _as_server_user(argv: Sequence[str]) -> list[str]:
+    """The command, run as the `postgres` OS user when we are root."""
+    if os.geteuid() != 0:
+        return list(argv)
+    runuser = shutil.which("runuser")
+    if runuser:
+        return [runuser, "-u", "postgres", "--", *argv]
+    return ["su", "postgres", "-s", "/bin/sh", "-c", " ".join(_quote(a) for a in argv)]
+
+
+def _quote(arg: str) -> str:
+    return "'" + arg.replace("'", "'\\''") + "'"
+
+
+def _run(argv: Sequence[str]) -> None:
+    result = subprocess.run(_as_server_user(argv), capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed:\n{result.stdout}{result.stderr}")
+
+
+def start(datadir: Path, port: int = PRIVATE_PORT) -> bool:
+    """Initialises (once) and starts the cluster; returns False if it was already running."""
+    if answers(private_url(port)):
+        return False
+    bins = bindir()
+    datadir = datadir.resolve()
+    if not (datadir / "PG_VERSION").exists():
+        datadir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            shutil.chown(datadir, "postgres", "postgres")
+        print(f"devdb: creating a private cluster in {datadir}", file=sys.stderr)
+        _run([str(bins / "initdb"), "-D", str(datadir), "-U", "postgres", "--auth=trust",
+              "--encoding=UTF8", "--no-instructions"])
+    print(f"devdb: starting PostgreSQL on 127.0.0.1:{port}", file=sys.stderr)
+    _run([str(bins / "pg_ctl"), "-D", str(datadir), "-l", str(datadir / "server.log"), "-w",
+          "-t", "60", "-o",
+          f"-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories=''", "start"])
+    return True
+
+
+def stop(datadir: Path) -> None:
+    """Stops the cluster (fast shutdown) if it runs."""
+    datadir = datadir.resolve()
+    if not (datadir / "postmaster.pid").exists():
+        return
+    print("devdb: stopping PostgreSQL", file=sys.stderr)
+    _run([str(bindir() / "pg_ctl"), "-D", str(datadir), "-m", "fast", "-w", "stop"])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m service.devdb exec [--shared-ok] -- CMD...`: runs CMD with DATABASE_URL set.
+
+    DATABASE_URL from the environment wins; with --shared-ok a server answering on
+    127.0.0.1:5432 is used next; otherwise the private cluster in .pgdata/ is started,
+    and stopped again when CMD ends.
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m service.devdb")
+    sub = parser.add_subparsers(dest="command", required=True)
+    ex = sub.add_parser("exec", help="run a command with DATABASE_URL pointing at a server")
+    ex.add_argument("--shared-ok", action="store_true",
+                    help="use the server on 127.0.0.1:5432 when it answers")
+    ex.add_argument("--datadir", default=".pgdata")
+    ex.add_argument("--port", type=int, default=PRIVATE_PORT)
+    ex.add_argument("cmd", nargs=argparse.REMAINDER)
+    sub.add_parser("stop", help="stop the private cluster").add_argument("--datadir",
+                                                                         default=".pgdata")
+    args = parser.parse_args(argv)
+    if args.command == "stop":
+        stop(Path(args.datadir))
+        return 0
+
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        parser.error("exec needs a command after --")
+    env = dict(os.environ)
+    started = False
+    if not env.get("DATABASE_URL"):
+        if args.shared_ok and answers(SHARED_URL):
+            env["DATABASE_URL"] = SHARED_URL
+        else:
+            started = start(Path(args.datadir), args.port)
+            env["DATABASE_URL"] = private_url(args.port)
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        while True:
+            try:
+                return proc.wait()
+            except KeyboardInterrupt:
+                # The child got the same Ctrl-C; wait for it to finish shutting down.
+                continue
+    finally:
+        if started:
+            stop(Path(args.datadir))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,80 @@
+"""API tokens: random, shown once, stored as SHA-256 hashes, compared in constant time."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from dataclasses import dataclass
+
+import psycopg
+from psycopg.rows import dict_row
+
+from service.db import query
+
+PREFIX = "wht_"
+_FORM = re.compile(r"^wht_[A-Za-z0-9_-]{43}$")
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a valid token speaks for."""
+
+    token_id: int
+    owner: str
+    tenant: str | None
+
+
+def new_token() -> str:
+    """A fresh token: the prefix and 256 random bits, URL-safe base64."""
+    return PREFIX + secrets.token_urlsafe(32)
+
+
+def well_formed(token: str) -> bool:
+    """Whether the string has the shape of a token this service issues."""
+    return bool(_FORM.match(token))
+
+
+def hash_token(token: str) -> bytes:
+    """The stored form of a token."""
+    return hashlib.sha256(token.encode()).digest()
+
+
+def create(conn: psycopg.Connection, owner: str, tenant: str | None = None) -> tuple[int, str]:
+    """Stores a new token for `owner` (and `tenant`); returns its id and the token itself."""
+    if not owner.strip():
+        raise ValueError("owner must not be empty")
+    if tenant is not None and not tenant.strip():
+        raise ValueError("tenant must not be empty when given")
+    token = new_token()
+    row = conn.execute(query("token_insert"),
+                       {"owner": owner, "tenant": tenant, "token_hash": hash_token(token)}
+                       ).fetchone()
+    assert row is not None
+    return int(row[0]), token
+
+
+def list_all(conn: psycopg.Connection) -> list[dict[str, object]]:
+    """Every token's id, owner, tenant and dates; never the token."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return list(cur.execute(query("token_list")).fetchall())
+
+
+def revoke(conn: psycopg.Connection, token_id: int) -> bool:
+    """Revokes the token; False when no token has that id."""
+    return conn.execute(query("token_revoke"), {"id": token_id}).fetchone() is not None
+
+
+async def authenticate(conn: psycopg.AsyncConnection, token: str) -> Principal | None:
+    """The principal of a valid, unrevoked token, else None."""
+    if not well_formed(token):
+        return None
+    digest = hash_token(token)
+    cur = await conn.execute(query("token_lookup"), {"token_hash": digest})
+    row = await cur.fetchone()
+    # The lookup is by hash, so timing reveals nothing of the token; compare again in
+    # constant time so that no future change of the lookup can make it leak.
+    if row is None or not hmac.compare_digest(bytes(row[3]), digest):
+        return None
+    return Principal(token_id=int(row[0]), owner=str(row[1]), tenant=row[2])

@@ -1,0 +1,125 @@
+-- The tables of the webhooks schema, as they stand after every migration.
+-- tests/test_schema.py builds one database from this file plus sql/triggers/capture.sql
+-- and another from migrations/, and fails if their schemas differ.
+
+CREATE SCHEMA IF NOT EXISTS webhooks;
+
+-- API tokens: only a SHA-256 of the token is stored. Tokens are 256-bit random
+-- strings, so a fast hash is enough; a slow KDF would only slow every request.
+CREATE TABLE webhooks.tokens (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    owner       text NOT NULL CHECK (owner <> ''),
+    tenant      text CHECK (tenant <> ''),
+    token_hash  bytea NOT NULL UNIQUE,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    revoked_at  timestamptz
+);
+
+-- One row per table whose changes are captured (written by webhooks.attach).
+CREATE TABLE webhooks.attachments (
+    table_oid       regclass PRIMARY KEY,
+    resource        text NOT NULL UNIQUE,
+    noun            text NOT NULL,
+    hook_resource   text NOT NULL,  -- parent_resource when nested, else resource
+    parent_resource text,
+    parent_column   text,
+    id_column       text NOT NULL,
+    user_column     text,
+    tenant_column   text,
+    exclude_columns text[] NOT NULL DEFAULT '{}',
+    include_row     boolean NOT NULL,
+    public          boolean NOT NULL,
+    attached_at     timestamptz NOT NULL DEFAULT now()
+);
+
+-- The hook-events registry: what integrators may subscribe to, per resource.
+CREATE TABLE webhooks.hook_events (
+    resource   text NOT NULL,
+    event      text NOT NULL,
+    public     boolean NOT NULL,
+    table_oid  regclass NOT NULL REFERENCES webhooks.attachments (table_oid) ON DELETE CASCADE,
+    PRIMARY KEY (resource, event)
+);
+
+CREATE TABLE webhooks.subscriptions (
+    id                   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    owner                text NOT NULL,
+    tenant               text,
+    resource             text NOT NULL,
+    events               text[] NOT NULL CHECK (cardinality(events) > 0),
+    target               text NOT NULL,
+    secret               text NOT NULL,
+    active               boolean NOT NULL DEFAULT true,
+    created_at           timestamptz NOT NULL DEFAULT now(),
+    last_status          integer,
+    last_success_at      timestamptz,
+    last_failure_at      timestamptz,
+    last_failure_content text
+);
+CREATE INDEX subscriptions_owner_idx ON webhooks.subscriptions (owner, id);
+-- The capture triggers probe this index to skip events nobody wants.
+CREATE INDEX subscriptions_active_resource_idx ON webhooks.subscriptions (resource)
+    WHERE active;
+
+-- Captured changes waiting for fan-out. Written by the triggers, in the writing
+-- transaction; emptied by the worker, which copies the wanted ones to events.
+CREATE TABLE webhooks.outbox (
+    id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    hook_resource   text NOT NULL,
+    name            text NOT NULL,
+    resource        text NOT NULL,
+    resource_id     jsonb NOT NULL,
+    parent_resource text,
+    parent_id       jsonb,
+    user_id         text NOT NULL,
+    tenant_scoped   boolean NOT NULL,
+    tenant          text,
+    occurred_at     timestamptz NOT NULL,
+    row_data        jsonb
+);
+
+-- Events that at least one subscription wanted, with the delivery body built once.
+CREATE TABLE webhooks.events (
+    id              bigint PRIMARY KEY,
+    hook_resource   text NOT NULL,
+    name            text NOT NULL,
+    tenant          text,
+    occurred_at     timestamptz NOT NULL,
+    body            text NOT NULL
+);
+
+-- The delivery queue: one row per event and subscription.
+-- status: pending (due at next_attempt_at; while claimed, next_attempt_at is the lease
+-- expiry, so a crashed worker's claim comes due again by itself), succeeded, failed.
+CREATE TABLE webhooks.deliveries (
+    id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    event_id         bigint NOT NULL REFERENCES webhooks.events (id) ON DELETE CASCADE,
+    subscription_id  bigint NOT NULL REFERENCES webhooks.subscriptions (id) ON DELETE CASCADE,
+    status           text NOT NULL DEFAULT 'pending'
+                     CHECK (status IN ('pending', 'succeeded', 'failed')),
+    attempts         integer NOT NULL DEFAULT 0,
+    next_attempt_at  timestamptz NOT NULL DEFAULT now(),
+    lease_expires_at timestamptz,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    finished_at      timestamptz
+);
+CREATE INDEX deliveries_due_idx ON webhooks.deliveries (next_attempt_at, id)
+    WHERE status = 'pending';
+CREATE INDEX deliveries_subscription_idx ON webhooks.deliveries (subscription_id);
+CREATE INDEX deliveries_event_idx ON webhooks.deliveries (event_id);
+CREATE INDEX deliveries_finished_idx ON webhooks.deliveries (finished_at)
+    WHERE status <> 'pending';
+
+-- One row per HTTP attempt, for inspection and for `webhooks status`.
+CREATE TABLE webhooks.attempts (
+    id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    delivery_id      bigint NOT NULL REFERENCES webhooks.deliveries (id) ON DELETE CASCADE,
+    subscription_id  bigint NOT NULL,
+    attempt          integer NOT NULL,
+    attempted_at     timestamptz NOT NULL,
+    status           integer NOT NULL,  -- HTTP status, 0 when no response came
+    duration_ms      double precision NOT NULL,
+    error            text
+);
+CREATE INDEX attempts_delivery_idx ON webhooks.attempts (delivery_id);
+CREATE INDEX attempts_time_idx ON webhooks.attempts (attempted_at);
