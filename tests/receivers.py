@@ -1,0 +1,96 @@
+"""Real HTTP receivers on 127.0.0.1 for tests: they record every request and answer
+with whatever behaviour the test sets (echo the handshake secret, fail, hang, redirect)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+Behaviour = Callable[["Received"], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class Received:
+    """One request as the receiver saw it."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    at: float
+
+
+async def echo_secret(req: Received) -> web.StreamResponse:
+    """Answer the handshake the way a willing target does: 200, secret echoed."""
+    headers = {}
+    if "x-hook-secret" in req.headers:
+        headers["X-Hook-Secret"] = req.headers["x-hook-secret"]
+    return web.Response(status=200, headers=headers)
+
+
+def status(code: int, headers: dict[str, str] | None = None, body: str = "") -> Behaviour:
+    """Always answer `code`, echoing a handshake secret when one comes."""
+
+    async def respond(req: Received) -> web.StreamResponse:
+        h = dict(headers or {})
+        if "x-hook-secret" in req.headers:
+            h.setdefault("X-Hook-Secret", req.headers["x-hook-secret"])
+        return web.Response(status=code, headers=h, text=body)
+
+    return respond
+
+
+@dataclass
+class Receiver:
+    """A running receiver; `behaviour` may be swapped at any time."""
+
+    behaviour: Behaviour = echo_secret
+    received: list[Received] = field(default_factory=list)
+    url: str = ""
+    _runner: web.AppRunner | None = None
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def start(self, path: str = "/hook") -> Receiver:
+        app = web.Application(client_max_size=2**22)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}{path}"
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        req = Received(request.method, request.path, dict(request.headers),
+                       await request.read(), time.monotonic())
+        self.received.append(req)
+        self._changed.set()
+        return await self.behaviour(req)
+
+    def deliveries(self) -> list[Received]:
+        """The requests that were deliveries, not handshakes."""
+        return [r for r in self.received if "webhook-id" in r.headers]
+
+    async def wait_for(self, predicate: Callable[[Receiver], bool], timeout: float = 10.0
+                       ) -> None:
+        """Polls until `predicate(self)` holds; fails the test after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while not predicate(self):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"receiver condition not met in {timeout}s; "
+                                     f"got {len(self.received)} requests")
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), min(remaining, 0.2))
+            except TimeoutError:
+                pass
