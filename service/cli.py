@@ -94,9 +94,10 @@ def cmd_token(args: argparse.Namespace) -> int:
             rows = tokens.list_all(conn)
             print(f"{'id':>6}  {'owner':<20} {'tenant':<16} {'created':<20} revoked")
             for row in rows:
+                revoked = row["revoked_at"]
                 print(f"{row['id']:>6}  {row['owner']:<20} {row['tenant'] or '-':<16} "
                       f"{row['created_at']:%Y-%m-%d %H:%M:%S}  "
-                      f"{row['revoked_at'] and format(row['revoked_at'], '%Y-%m-%d %H:%M:%S') or '-'}")
+                      f"{format(revoked, '%Y-%m-%d %H:%M:%S') if revoked else '-'}")
         else:
             if not tokens.revoke(conn, args.id):
                 print(f"webhooks token revoke: no token with id {args.id}", file=sys.stderr)

@@ -19,7 +19,7 @@ class ConfigError(ValueError):
 
 
 def parse_duration(text: str) -> float:
-    """Seconds in a duration such as `5s`, `30m`, `2h`, `1d`, `250ms` or a bare number of seconds."""
+    """Seconds in a duration such as `5s`, `30m`, `2h`, `1d`, `250ms` or a bare number."""
     match = _DURATION.match(text)
     if not match:
         raise ConfigError(f"not a duration: {text!r} (use forms like 5s, 5m, 2h, 1d)")

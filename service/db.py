@@ -92,4 +92,4 @@ def migrate(url: str) -> list[str]:
 def load_sql_file(url: str, path: Path) -> None:
     """Runs one SQL file in a single transaction."""
     with psycopg.connect(url) as conn:
-        conn.execute(path.read_text().encode())  # type: ignore[call-overload]
+        conn.execute(path.read_bytes())

@@ -40,9 +40,11 @@ def bindir() -> Path:
         out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True)
         if out.returncode == 0:
             candidates.append(Path(out.stdout.strip()))
-    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin"),
-                      key=lambda p: int(Path(p).parent.name) if Path(p).parent.name.isdigit() else 0,
-                      reverse=True)
+    def major(path: str) -> int:
+        name = Path(path).parent.name
+        return int(name) if name.isdigit() else 0
+
+    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=major, reverse=True)
     candidates += [Path(p) for p in versions]
     if shutil.which("initdb"):
         candidates.append(Path(shutil.which("initdb") or "").parent)

@@ -4,6 +4,7 @@ with whatever behaviour the test sets (echo the handshake secret, fail, hang, re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -90,7 +91,5 @@ class Receiver:
                 raise AssertionError(f"receiver condition not met in {timeout}s; "
                                      f"got {len(self.received)} requests")
             self._changed.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), min(remaining, 0.2))
-            except TimeoutError:
-                pass

@@ -1,0 +1,139 @@
+"""webhooks.attach / webhooks.detach: the DBA's interface, including every bad input."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+
+def registry(conn: psycopg.Connection, resource: str) -> list[tuple[str, bool]]:
+    return [(r[0], r[1]) for r in conn.execute(
+        "SELECT event, public FROM webhooks.hook_events WHERE resource = %s ORDER BY event",
+        (resource,)).fetchall()]
+
+
+def triggers(conn: psycopg.Connection, table: str) -> list[str]:
+    return [r[0] for r in conn.execute(
+        "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass AND NOT tgisinternal "
+        "ORDER BY tgname", (table,)).fetchall()]
+
+
+@pytest.fixture
+def shipments(conn: psycopg.Connection) -> psycopg.Connection:
+    conn.execute("""
+        CREATE TABLE shipments (
+            shipment_no bigint PRIMARY KEY, invoice_id bigint, carrier text,
+            secret_note text, tenant text, edited_by text)""")
+    return conn
+
+
+def test_nested_events_are_registered_under_the_parent(conn: psycopg.Connection) -> None:
+    assert registry(conn, "invoices") == [
+        ("invoice.create", True), ("invoice.delete", True), ("invoice.update", True),
+        ("payment.create", True), ("payment.delete", True), ("payment.update", True)]
+    assert registry(conn, "payments") == []
+
+
+def test_attach_is_idempotent_and_replaces_settings(shipments: psycopg.Connection) -> None:
+    conn = shipments
+    for _ in range(2):
+        conn.execute("SELECT webhooks.attach('shipments', resource => 'shipments', "
+                     "noun => 'shipment', id_column => 'shipment_no')")
+    assert registry(conn, "shipments") == [
+        ("shipment.create", True), ("shipment.delete", True), ("shipment.update", True)]
+    assert triggers(conn, "shipments") == ["webhooks_1_insert", "webhooks_2_update",
+                                           "webhooks_3_delete"]
+    conn.execute("SELECT webhooks.attach('shipments', resource => 'shipments', "
+                 "noun => 'shipment', id_column => 'shipment_no', public => false)")
+    assert {p for _, p in registry(conn, "shipments")} == {False}
+    count = conn.execute("SELECT count(*) FROM webhooks.attachments "
+                         "WHERE resource = 'shipments'").fetchone()
+    assert count == (1,)
+
+
+def test_moving_a_table_under_a_parent_moves_its_events(shipments: psycopg.Connection) -> None:
+    conn = shipments
+    conn.execute("SELECT webhooks.attach('shipments', resource => 'shipments', "
+                 "noun => 'shipment', id_column => 'shipment_no')")
+    conn.execute("SELECT webhooks.attach('shipments', resource => 'shipments', "
+                 "noun => 'shipment', id_column => 'shipment_no', "
+                 "parent_resource => 'invoices', parent_column => 'invoice_id')")
+    assert registry(conn, "shipments") == []
+    assert ("shipment.create", True) in registry(conn, "invoices")
+
+
+def test_detach_stops_capture_and_unregisters(conn: psycopg.Connection) -> None:
+    conn.execute("INSERT INTO webhooks.subscriptions (owner, resource, events, target, secret) "
+                 "VALUES ('o', 'invoices', '{payment.create}', 'http://x/', 's')")
+    conn.execute("SELECT webhooks.detach('public.payments')")
+    conn.execute("SELECT webhooks.detach('public.payments')")  # idempotent
+    assert triggers(conn, "payments") == []
+    assert [e for e, _ in registry(conn, "invoices")] == [
+        "invoice.create", "invoice.delete", "invoice.update"]
+    conn.execute("INSERT INTO invoices (id, number, customer, amount) VALUES (1, 'a', 'b', 1)")
+    conn.execute("INSERT INTO payments (invoice_id, amount) VALUES (1, 1)")
+    assert conn.execute("SELECT count(*) FROM webhooks.outbox").fetchone() == (0,)
+
+
+BAD_CALLS = [
+    ("webhooks.attach('no_such_table', resource => 'x', noun => 'x')",
+     'relation "no_such_table" does not exist'),
+    ("webhooks.attach('shipments', resource => 'shipments', noun => 'shipment')",
+     "has no column id"),
+    ("webhooks.attach('shipments', resource => 'shipments', noun => 'shipment', "
+     "id_column => 'shipment_no', parent_resource => 'invoices', parent_column => 'nope')",
+     "has no column nope"),
+    ("webhooks.attach('shipments', resource => 'shipments', noun => 'shipment', "
+     "id_column => 'shipment_no', user_column => 'nope')", "has no column nope"),
+    ("webhooks.attach('shipments', resource => 'shipments', noun => 'shipment', "
+     "id_column => 'shipment_no', tenant_column => 'nope')", "has no column nope"),
+    ("webhooks.attach('shipments', resource => 'shipments', noun => 'shipment', "
+     "id_column => 'shipment_no', exclude_columns => ARRAY['carrier', 'nope'])",
+     "has no column nope"),
+    ("webhooks.attach('shipments', resource => 'Shipments', noun => 'shipment', "
+     "id_column => 'shipment_no')", "resource 'Shipments' must be lowercase"),
+    ("webhooks.attach('shipments', resource => 'ship-ments', noun => 'shipment', "
+     "id_column => 'shipment_no')", "must be lowercase letters"),
+    ("webhooks.attach('shipments', resource => 'shipments', noun => 'ship ment', "
+     "id_column => 'shipment_no')", "noun 'ship ment' must be lowercase"),
+    ("webhooks.attach('shipments', resource => 'shipments', noun => 'shipment.x', "
+     "id_column => 'shipment_no')", "must be lowercase letters"),
+    ("webhooks.attach('shipments', resource => 'shipments', noun => 'shipment', "
+     "id_column => 'shipment_no', parent_resource => 'Invoices', "
+     "parent_column => 'invoice_id')", "parent_resource 'Invoices' must be lowercase"),
+    ("webhooks.attach('shipments', resource => 'shipments', noun => 'shipment', "
+     "id_column => 'shipment_no', parent_column => 'invoice_id')",
+     "parent_resource and parent_column go together"),
+    ("webhooks.attach('shipments', resource => 'shipments', noun => 'shipment', "
+     "id_column => 'shipment_no', parent_resource => 'invoices')",
+     "parent_resource and parent_column go together"),
+    ("webhooks.attach('shipments', resource => 'invoices', noun => 'shipment', "
+     "id_column => 'shipment_no')",
+     "resource 'invoices' is already attached to table invoices"),
+    ("webhooks.attach('shipments', resource => 'shipments', noun => 'payment', "
+     "id_column => 'shipment_no', parent_resource => 'invoices', "
+     "parent_column => 'invoice_id')", "already belong to table payments"),
+    ("webhooks.attach('webhooks.attempts_delivery_idx', resource => 'x', noun => 'x')",
+     "is not a table"),
+]
+
+
+@pytest.mark.parametrize(("call", "message"), BAD_CALLS)
+def test_bad_input_is_a_clear_error_and_changes_nothing(
+        shipments: psycopg.Connection, call: str, message: str) -> None:
+    conn = shipments
+
+    def snapshot() -> tuple[object, ...]:
+        return (
+            conn.execute("SELECT array_agg(resource ORDER BY resource) "
+                         "FROM webhooks.attachments").fetchone(),
+            conn.execute("SELECT array_agg(resource || event ORDER BY resource, event) "
+                         "FROM webhooks.hook_events").fetchone(),
+            tuple(triggers(conn, "shipments")),
+        )
+
+    before = snapshot()
+    with pytest.raises(psycopg.Error) as error:
+        conn.execute(f"SELECT {call}")
+    assert message in str(error.value)
+    assert snapshot() == before
