@@ -34,9 +34,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_api(args: argparse.Namespace) -> int:
-    from service.api import serve
+    from service.runner import run_api
 
-    asyncio.run(serve(_settings(), host=args.host, port=args.port))
+    asyncio.run(run_api(_settings(), host=args.host, port=args.port))
     return 0
 
 

@@ -1,0 +1,83 @@
+"""Running the processes: the API server, a worker, or both in one process, until a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Generator
+
+import uvicorn
+
+from service.config import Settings
+
+log = logging.getLogger("webhooks.runner")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: we stop it through `should_exit`, and it
+    must not re-raise the signal after shutdown (the process exits 0 on SIGTERM)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def stop_on_signals(stop: asyncio.Event) -> None:
+    """Sets `stop` on SIGINT or SIGTERM (a second one is left to the default handler)."""
+    loop = asyncio.get_running_loop()
+
+    def handle(sig: signal.Signals) -> None:
+        log.info("received %s, shutting down", sig.name)
+        stop.set()
+        loop.remove_signal_handler(sig)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, handle, sig)
+
+
+async def serve_api(settings: Settings, host: str, port: int, stop: asyncio.Event) -> None:
+    """Serves the REST API until `stop` is set, then finishes open requests and returns."""
+    from service.api import create_app
+
+    config = uvicorn.Config(create_app(settings), host=host, port=port, log_config=None,
+                            access_log=False, lifespan="on", timeout_graceful_shutdown=10)
+    server = _Server(config)
+    task = asyncio.create_task(server.serve())
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    server.should_exit = True
+    stopper.cancel()
+    await task
+    if server.started is False and not stop.is_set():
+        raise SystemExit(f"webhooks: the API could not start on {host}:{port}")
+
+
+async def run_api(settings: Settings, host: str, port: int) -> None:
+    """`webhooks api`: the API alone."""
+    stop = asyncio.Event()
+    stop_on_signals(stop)
+    await serve_api(settings, host, port, stop)
+
+
+async def run_all(settings: Settings, host: str, port: int, concurrency: int,
+                  stop: asyncio.Event | None = None) -> None:
+    """`webhooks run`: the API and a worker in one process; either failing stops both."""
+    from service.worker import run_worker
+
+    if stop is None:
+        stop = asyncio.Event()
+        stop_on_signals(stop)
+    tasks = [
+        asyncio.create_task(serve_api(settings, host, port, stop), name="api"),
+        asyncio.create_task(run_worker(settings, concurrency=concurrency, stop=stop),
+                            name="worker"),
+    ]
+    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    stop.set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    for task, result in zip(tasks, results, strict=True):
+        if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+            log.error("%s stopped with an error", task.get_name(), exc_info=result)
+            raise SystemExit(1)

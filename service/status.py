@@ -1,0 +1,82 @@
+"""`webhooks status`: what the service is doing, for an operator and a DBA, at a glance."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from service.config import Settings
+from service.db import query
+
+
+def collect(conn: psycopg.Connection) -> dict[str, Any]:
+    """Every figure `webhooks status` shows, as plain data."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        def one(name: str) -> dict[str, Any]:
+            row = cur.execute(query(name)).fetchone()
+            assert row is not None
+            return dict(row)
+
+        def rows(name: str) -> list[dict[str, Any]]:
+            return [dict(r) for r in cur.execute(query(name)).fetchall()]
+
+        return {
+            "attachments": rows("status_attachments"),
+            "subscriptions": one("status_subscriptions"),
+            "deliveries": one("status_deliveries"),
+            "last_hour": one("status_attempts"),
+            "failing": rows("status_failing"),
+            "outbox": one("status_outbox"),
+        }
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = float(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.1f}s"
+
+
+def render(data: dict[str, Any]) -> str:
+    """The figures as a short text report."""
+    out: list[str] = ["Attached tables"]
+    if not data["attachments"]:
+        out.append("  none: attach one with SELECT webhooks.attach(...)")
+    for a in data["attachments"]:
+        nested = f" under {a['hook_resource']}" if a["hook_resource"] != a["resource"] else ""
+        flags = [f for f, on in (("no row", not a["include_row"]), ("private", not a["public"]),
+                                 (f"tenant={a['tenant_column']}", a["tenant_column"])) if on]
+        out.append(f"  {a['table']:<24} {a['noun']}.create/update/delete{nested}"
+                   f"  ({a['subscriptions']} active subscriptions"
+                   f"{', ' + ', '.join(flags) if flags else ''})")
+    s, d, h, o = data["subscriptions"], data["deliveries"], data["last_hour"], data["outbox"]
+    out += [
+        "",
+        f"Subscriptions   {s['active']} active, {s['inactive']} inactive, "
+        f"{s['failing']} failing now",
+        f"Deliveries      {d['due']} due, {d['pending']} pending ({d['retrying']} retrying), "
+        f"{d['failed']} failed for good",
+        f"Oldest pending  {_age(d['oldest_pending_seconds'])}",
+        f"Last hour       {h['attempts']} attempts, {h['failures']} failures",
+        f"Outbox backlog  {o['events']} events, oldest {_age(o['oldest_seconds'])}",
+    ]
+    if data["failing"]:
+        out += ["", "Failing most (last hour)"]
+        for f in data["failing"]:
+            out.append(f"  #{f['id']:<6} {f['failures']:>5} failures  last status "
+                       f"{f['last_status']}  {f['target']}  {f['last_failure'] or ''}")
+    return "\n".join(out)
+
+
+def print_status(settings: Settings, as_json: bool = False) -> int:
+    """Prints the report (or JSON) for the configured database."""
+    with psycopg.connect(settings.database_url, autocommit=True) as conn:
+        data = collect(conn)
+    print(json.dumps(data, default=str, indent=2) if as_json else render(data))
+    return 0

@@ -1,0 +1,50 @@
+-- Queries of `webhooks status`; loaded by service.db.queries().
+
+-- name: status_attachments --
+SELECT a.table_oid::text AS "table", a.resource, a.hook_resource, a.noun,
+       a.include_row, a.public, a.tenant_column,
+       (SELECT count(*) FROM webhooks.subscriptions s
+         WHERE s.active AND s.resource = a.hook_resource
+           AND s.events && ARRAY[a.noun || '.create', a.noun || '.update',
+                                 a.noun || '.delete']) AS subscriptions
+  FROM webhooks.attachments a
+ ORDER BY a.hook_resource, a.resource
+
+-- name: status_subscriptions --
+SELECT count(*) FILTER (WHERE active) AS active,
+       count(*) FILTER (WHERE NOT active) AS inactive,
+       count(*) FILTER (WHERE active AND last_failure_at IS NOT NULL
+                        AND (last_success_at IS NULL OR last_failure_at > last_success_at))
+           AS failing
+  FROM webhooks.subscriptions
+
+-- name: status_deliveries --
+SELECT count(*) FILTER (WHERE status = 'pending') AS pending,
+       count(*) FILTER (WHERE status = 'pending' AND next_attempt_at <= now()) AS due,
+       count(*) FILTER (WHERE status = 'pending' AND attempts > 0) AS retrying,
+       count(*) FILTER (WHERE status = 'failed') AS failed,
+       extract(epoch FROM now() - min(created_at) FILTER (WHERE status = 'pending'))
+           AS oldest_pending_seconds
+  FROM webhooks.deliveries
+
+-- name: status_attempts --
+SELECT count(*) AS attempts,
+       count(*) FILTER (WHERE status NOT BETWEEN 200 AND 299) AS failures
+  FROM webhooks.attempts
+ WHERE attempted_at > now() - interval '1 hour'
+
+-- name: status_failing --
+SELECT s.id, s.target, s.last_status, count(*) AS failures,
+       left(s.last_failure_content, 80) AS last_failure
+  FROM webhooks.attempts t
+  JOIN webhooks.subscriptions s ON s.id = t.subscription_id
+ WHERE t.attempted_at > now() - interval '1 hour'
+   AND t.status NOT BETWEEN 200 AND 299
+ GROUP BY s.id
+ ORDER BY count(*) DESC, s.id
+ LIMIT 5
+
+-- name: status_outbox --
+SELECT count(*) AS events,
+       extract(epoch FROM now() - min(occurred_at)) AS oldest_seconds
+  FROM webhooks.outbox

@@ -1,0 +1,78 @@
+"""`webhooks status` against a known database state."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import psycopg
+
+from service.status import collect, render
+
+
+def seed(conn: psycopg.Connection) -> None:
+    conn.execute("""
+        INSERT INTO webhooks.subscriptions (owner, resource, events, target, secret, active,
+                                            last_status, last_failure_at,
+                                            last_failure_content)
+        VALUES ('o', 'invoices', '{invoice.create}', 'http://a.example/', 's', true, 500,
+                now(), 'HTTP 500: boom'),
+               ('o', 'invoices', '{payment.create}', 'http://b.example/', 's', true, 200,
+                NULL, NULL),
+               ('o', 'invoices', '{invoice.update}', 'http://c.example/', 's', false, 410,
+                now(), 'gone')""")
+    conn.execute("INSERT INTO invoices (number, customer, amount) VALUES ('S', 'c', 1)")
+    conn.execute("INSERT INTO webhooks.events (id, hook_resource, name, occurred_at, body) "
+                 "VALUES (1, 'invoices', 'invoice.create', now(), '{}')")
+    conn.execute("""
+        INSERT INTO webhooks.deliveries (event_id, subscription_id, status, attempts,
+                                         next_attempt_at, created_at)
+        SELECT 1, s.id, v.status, v.attempts, now() + v.due, now() - interval '90 seconds'
+          FROM (SELECT min(id) AS id FROM webhooks.subscriptions) s,
+               (VALUES ('pending', 0, interval '-1 second'), ('pending', 2, interval '1 hour'),
+                       ('failed', 8, interval '0'), ('succeeded', 1, interval '0'))
+                 AS v (status, attempts, due)""")
+    conn.execute("""
+        INSERT INTO webhooks.attempts (delivery_id, subscription_id, attempt, attempted_at,
+                                       status, duration_ms, error)
+        SELECT d.id, d.subscription_id, 1, now() - interval '5 minutes', v.status, 3, NULL
+          FROM (SELECT min(id) AS id, min(subscription_id) AS subscription_id
+                  FROM webhooks.deliveries) d,
+               (VALUES (500), (500), (0), (200)) AS v (status)""")
+
+
+def test_status_figures(conn: psycopg.Connection) -> None:
+    seed(conn)
+    data = collect(conn)
+    tables = {a["table"]: a for a in data["attachments"]}
+    assert set(tables) == {"invoices", "payments"}
+    assert tables["payments"]["hook_resource"] == "invoices"
+    assert tables["invoices"]["subscriptions"] == 1 and tables["payments"]["subscriptions"] == 1
+    assert data["subscriptions"] == {"active": 2, "inactive": 1, "failing": 1}
+    deliveries = data["deliveries"]
+    assert (deliveries["pending"], deliveries["due"], deliveries["retrying"],
+            deliveries["failed"]) == (2, 1, 1, 1)
+    assert 85 <= float(deliveries["oldest_pending_seconds"]) < 3600
+    assert data["last_hour"] == {"attempts": 4, "failures": 3}
+    assert [f["failures"] for f in data["failing"]] == [3]
+    assert data["failing"][0]["target"] == "http://a.example/"
+    assert data["outbox"]["events"] == 1
+    text = render(data)
+    assert "2 active, 1 inactive, 1 failing now" in text
+    assert "1 due, 2 pending (1 retrying), 1 failed for good" in text
+    assert "payment.create/update/delete under invoices" in text
+    assert "Outbox backlog  1 events" in text
+    assert "http://a.example/" in text
+
+
+def test_status_command(db_url: str, conn: psycopg.Connection) -> None:
+    seed(conn)
+    env = {**os.environ, "DATABASE_URL": db_url}
+    text = subprocess.run([sys.executable, "-m", "service", "status"], env=env,
+                          capture_output=True, text=True, check=True).stdout
+    assert "Subscriptions   2 active" in text
+    raw = subprocess.run([sys.executable, "-m", "service", "status", "--json"], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    assert json.loads(raw)["deliveries"]["due"] == 1
