@@ -1,0 +1,45 @@
+"""Fan-out: captured changes leave the outbox as events with one delivery per subscriber."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psycopg.rows import class_row
+from psycopg_pool import AsyncConnectionPool
+
+from service.db import query
+
+# Held (per transaction) by the one worker fanning out at a time: see the fanout query.
+FANOUT_LOCK = 0x77686B66  # "whkf"
+
+
+@dataclass(frozen=True)
+class FanoutBatch:
+    """What one fan-out statement did."""
+
+    locked: bool
+    taken: int
+    created: int
+
+
+async def fan_out_batch(pool: AsyncConnectionPool, limit: int) -> FanoutBatch:
+    """Moves up to `limit` outbox rows to events and deliveries, in one transaction."""
+    async with pool.connection() as conn:
+        cur = conn.cursor(row_factory=class_row(FanoutBatch))
+        await cur.execute(query("fanout"), {"lock_key": FANOUT_LOCK, "limit": limit})
+        row = await cur.fetchone()
+    assert row is not None
+    return row
+
+
+async def drain_outbox(pool: AsyncConnectionPool, batch_size: int) -> int:
+    """Fans out batches until the outbox is empty (or another worker is doing it).
+
+    Returns the number of deliveries created.
+    """
+    created = 0
+    while True:
+        batch = await fan_out_batch(pool, batch_size)
+        created += batch.created
+        if not batch.locked or batch.taken < batch_size:
+            return created

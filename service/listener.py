@@ -1,0 +1,63 @@
+"""The LISTEN connection: wakes the worker when a transaction that captured changes commits.
+
+It lives outside the pool, in autocommit, and never holds a transaction open. A
+notification only says "look": the outbox and deliveries tables are the truth, so after
+every (re)connection the worker is woken once to catch up on what it may have missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+
+import psycopg
+
+from service.db import query
+
+log = logging.getLogger("webhooks.listener")
+
+APPLICATION_NAME = "webhooks-listener"
+
+
+class Listener:
+    """Keeps a LISTEN webhooks connection up, reconnecting with backoff and jitter."""
+
+    def __init__(self, url: str, wake: Callable[[], None], *, min_backoff: float = 0.1,
+                 max_backoff: float = 10.0) -> None:
+        self._url = url
+        self._wake = wake
+        self._min_backoff = min_backoff
+        self._max_backoff = max_backoff
+        self.connected = asyncio.Event()
+        self.connections = 0  # successful connections so far; tests watch reconnects
+
+    async def run(self) -> None:
+        """Listens until cancelled; connection failures are logged and retried."""
+        backoff = self._min_backoff
+        while True:
+            try:
+                await self._listen_once()
+            except (psycopg.Error, OSError) as exc:
+                log.warning("LISTEN connection lost, reconnecting: %s", exc)
+            if self.connected.is_set():
+                # It was up: this is a fresh failure, so start the backoff over.
+                self.connected.clear()
+                backoff = self._min_backoff
+            await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
+            backoff = min(backoff * 2, self._max_backoff)
+
+    async def _listen_once(self) -> None:
+        conn = await psycopg.AsyncConnection.connect(
+            self._url, autocommit=True, application_name=APPLICATION_NAME,
+            # Notice a silently dead peer (a cable, a NAT) rather than wait forever.
+            keepalives=1, keepalives_idle=30, keepalives_interval=10, keepalives_count=3,
+        )
+        async with conn:
+            await conn.execute(query("listen"))
+            self.connections += 1
+            self.connected.set()
+            self._wake()  # anything committed while we were not listening
+            async for _ in conn.notifies():
+                self._wake()

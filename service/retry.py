@@ -1,0 +1,55 @@
+"""When to try a failed delivery again: the retry schedule, jitter and Retry-After."""
+
+from __future__ import annotations
+
+import random
+from email.utils import parsedate_to_datetime
+
+# Spread retries of deliveries that failed together (a target that was down), so they do
+# not come back as one burst.
+JITTER = 0.1
+
+RETRY_AFTER_STATUSES = frozenset({429, 503})
+
+
+def parse_retry_after(value: str | None, now: float) -> float | None:
+    """Seconds to wait asked by a Retry-After header (delay-seconds or HTTP-date), or None."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None or when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - now)
+
+
+def scheduled_delay(schedule: tuple[float, ...], attempts: int,
+                    rand: random.Random | None = None) -> float | None:
+    """The delay before the next try after `attempts` tries, with jitter; None when exhausted."""
+    if attempts < 1 or attempts > len(schedule):
+        return None
+    base = schedule[attempts - 1]
+    uniform = (rand or random).uniform
+    return max(0.0, base * (1.0 + uniform(-JITTER, JITTER)))
+
+
+def next_delay(schedule: tuple[float, ...], attempts: int, *, status: int,
+               retry_after: str | None, cap: float, now: float,
+               rand: random.Random | None = None) -> float | None:
+    """Seconds until the next try of a failed attempt, or None when the delivery has failed.
+
+    A Retry-After on 429 or 503 wins when it asks for later than the schedule, up to `cap`.
+    """
+    delay = scheduled_delay(schedule, attempts, rand)
+    if delay is None:
+        return None
+    if status in RETRY_AFTER_STATUSES:
+        asked = parse_retry_after(retry_after, now)
+        if asked is not None and asked > delay:
+            delay = max(delay, min(asked, cap))
+    return delay

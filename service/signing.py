@@ -1,0 +1,43 @@
+"""Signing of deliveries: Standard Webhooks headers and the REST Hooks X-Hook-Signature."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+
+SECRET_PREFIX = "whsec_"
+
+
+def message_id(delivery_id: int) -> str:
+    """The webhook-id of a delivery: the same on every retry, so receivers can de-duplicate."""
+    return f"msg_{delivery_id}"
+
+
+def standard_key(secret: str) -> bytes:
+    """The HMAC key of the Standard Webhooks signature: the base64 part of `whsec_...`."""
+    encoded = secret[len(SECRET_PREFIX):] if secret.startswith(SECRET_PREFIX) else secret
+    return base64.b64decode(encoded)
+
+
+def standard_signature(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
+    """`v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`, as Standard Webhooks verifies."""
+    signed = b"%s.%d.%s" % (msg_id.encode(), timestamp, body)
+    digest = hmac.new(standard_key(secret), signed, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode()
+
+
+def hook_signature(secret: str, body: bytes) -> str:
+    """Hex HMAC-SHA256 of the body keyed with the whole secret string (X-Hook-Signature)."""
+    return hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def signed_headers(secret: str, msg_id: str, timestamp: int, body: bytes) -> dict[str, str]:
+    """Every header that identifies and signs one attempt of a delivery."""
+    return {
+        "Content-Type": "application/json",
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": standard_signature(secret, msg_id, timestamp, body),
+        "X-Hook-Signature": hook_signature(secret, body),
+    }

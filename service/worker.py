@@ -1,0 +1,263 @@
+"""The delivery worker: wake on NOTIFY or poll, fan out the outbox, claim and deliver.
+
+One loop per process does the database work (fan-out, claims); each claimed delivery is
+sent by its own task, and a Recorder writes finished attempts in batches. Shutdown stops
+claiming, lets in-flight attempts finish within the grace period and gives the rest back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from service import delivery
+from service.config import Settings
+from service.db import make_pool, query
+from service.delivery import Claim, Recorder
+from service.fanout import drain_outbox
+from service.http import make_client
+from service.listener import Listener
+
+log = logging.getLogger("webhooks.worker")
+
+# Retention runs this often; each statement removes at most PRUNE_BATCH rows.
+PRUNE_EVERY = 60.0
+PRUNE_BATCH = 1000
+# Shortest sleep when work is due but could not be claimed (locked by another worker).
+MIN_WAIT = 0.01
+
+
+@dataclass
+class WorkerStats:
+    """Counters of one worker, for logs, tests and (later) metrics."""
+
+    fanned_out: int = 0
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    failed: int = 0
+    released: int = 0
+    db_errors: int = 0
+
+
+class Worker:
+    """Delivers webhooks with the given pool and HTTP client until stop() is called."""
+
+    def __init__(self, settings: Settings, pool: AsyncConnectionPool,
+                 client: httpx.AsyncClient, *, concurrency: int) -> None:
+        self.settings = settings
+        self.concurrency = max(1, concurrency)
+        self.stats = WorkerStats()
+        self._pool = pool
+        self._client = client
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._inflight: dict[int, Claim] = {}  # claimed, outcome not yet handed over
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._per_sub: dict[int, int] = {}
+        self._recorder = Recorder(pool)
+        self.listener = Listener(settings.database_url, self._wake.set)
+        self._main: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Starts the worker in the running loop."""
+        self._main = asyncio.create_task(self.run(), name="webhooks-worker")
+
+    async def stop(self) -> None:
+        """Stops claiming, finishes or releases what is in flight, and waits for that."""
+        self._stopping.set()
+        self._wake.set()
+        if self._main is not None:
+            await self._main
+
+    def wake(self) -> None:
+        """Makes the loop look for work now."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Runs until stop(); then drains as described in the module docstring."""
+        if self.settings.lease <= self.settings.delivery_timeout:
+            log.warning("WEBHOOKS_LEASE (%gs) should exceed WEBHOOKS_DELIVERY_TIMEOUT (%gs), "
+                        "or slow attempts may be sent twice at once",
+                        self.settings.lease, self.settings.delivery_timeout)
+        helpers = [asyncio.create_task(self.listener.run(), name="webhooks-listener"),
+                   asyncio.create_task(self._prune_loop(), name="webhooks-prune")]
+        recorder = asyncio.create_task(self._recorder.run(), name="webhooks-recorder")
+        log.info("worker started", extra={"concurrency": self.concurrency})
+        try:
+            await self._loop()
+        finally:
+            for task in helpers:
+                task.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            await self._drain(recorder)
+            log.info("worker stopped", extra={"released": self.stats.released})
+
+    async def _loop(self) -> None:
+        backoff = 0.1
+        self._wake.set()  # catch up with whatever is already waiting
+        while not self._stopping.is_set():
+            self._wake.clear()
+            try:
+                wait = await self._step()
+            except (psycopg.Error, OSError) as exc:
+                # Postgres restarting, a network blip: the tables still hold all the work.
+                self.stats.db_errors += 1
+                log.warning("database error in worker loop, retrying: %s", exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(),
+                                           backoff * random.uniform(0.5, 1.5))
+                backoff = min(backoff * 2, 5.0)
+                continue
+            backoff = 0.1
+            await self._wait(wait)
+
+    async def _step(self) -> float:
+        self.stats.fanned_out += await drain_outbox(self._pool, self.settings.batch_size)
+        free = self.concurrency - len(self._inflight)
+        if free <= 0:
+            return self.settings.poll_interval  # a finishing task wakes us
+        claims = await delivery.claim(
+            self._pool, limit=min(free, self.settings.batch_size),
+            per_target=self.settings.per_target_concurrency, busy=self._per_sub,
+            lease=self.settings.lease, scan=self.settings.batch_size)
+        for c in claims:
+            self._start(c)
+        if claims:
+            return 0.0
+        saturated = [s for s, n in self._per_sub.items()
+                     if n >= self.settings.per_target_concurrency]
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(query("next_due"), {"saturated": saturated})
+            row = await cur.fetchone()
+        due = row[0] if row else None
+        if due is None:
+            return self.settings.poll_interval
+        return min(max(due, MIN_WAIT), self.settings.poll_interval)
+
+    async def _wait(self, timeout: float) -> None:
+        if timeout <= 0 or self._stopping.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _start(self, c: Claim) -> None:
+        self.stats.claimed += 1
+        self._inflight[c.id] = c
+        self._per_sub[c.subscription_id] = self._per_sub.get(c.subscription_id, 0) + 1
+        task = asyncio.create_task(self._deliver(c))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _deliver(self, c: Claim) -> None:
+        try:
+            outcome = await delivery.send(self._client, c, self.settings)
+            self._recorder.add(outcome)
+            del self._inflight[c.id]
+            if outcome.outcome == "succeeded":
+                self.stats.succeeded += 1
+            elif outcome.outcome == "pending":
+                self.stats.retried += 1
+            else:
+                self.stats.failed += 1
+        except Exception:
+            log.exception("delivery %d crashed; its lease will bring it back", c.id)
+        finally:
+            n = self._per_sub.get(c.subscription_id, 1) - 1
+            if n > 0:
+                self._per_sub[c.subscription_id] = n
+            else:
+                self._per_sub.pop(c.subscription_id, None)
+            self._wake.set()
+
+    async def _drain(self, recorder: asyncio.Task[None]) -> None:
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks),
+                                            timeout=self.settings.shutdown_grace)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        self._recorder.close()
+        await recorder
+        leftover = list(self._inflight.values())
+        self._inflight.clear()
+        try:
+            await delivery.release(self._pool, leftover)
+            self.stats.released += len(leftover)
+        except (psycopg.Error, OSError) as exc:
+            log.warning("could not release %d claims; their leases will: %s",
+                        len(leftover), exc)
+
+    async def _prune_loop(self) -> None:
+        while True:
+            await asyncio.sleep(PRUNE_EVERY)
+            try:
+                await prune(self._pool, self.settings.retention)
+            except (psycopg.Error, OSError) as exc:
+                log.warning("pruning failed, will retry: %s", exc)
+
+
+async def prune(pool: AsyncConnectionPool, retention: float) -> int:
+    """Deletes finished deliveries (with their attempts) and unused events past retention."""
+    total = 0
+    for name in ("prune_deliveries", "prune_events"):
+        while True:
+            async with pool.connection() as conn:
+                cur = await conn.execute(query(name), {"retention": retention,
+                                                       "limit": PRUNE_BATCH})
+            total += cur.rowcount
+            if cur.rowcount < PRUNE_BATCH:
+                break
+    return total
+
+
+@contextlib.asynccontextmanager
+async def open_worker(settings: Settings, *, concurrency: int) -> AsyncIterator[Worker]:
+    """A started Worker with its own pool and HTTP client, all closed on exit."""
+    pool = make_pool(settings.database_url, min_size=2,
+                     max_size=max(2, settings.pool_size), name="worker")
+    await pool.open(wait=True)
+    try:
+        client = make_client(allow_private=settings.allow_private_targets,
+                             timeout=settings.delivery_timeout,
+                             max_connections=max(concurrency, 1))
+        try:
+            worker = Worker(settings, pool, client, concurrency=concurrency)
+            worker.start()
+            try:
+                yield worker
+            finally:
+                await worker.stop()
+        finally:
+            await client.aclose()
+    finally:
+        await pool.close()
+
+
+async def run_worker(settings: Settings, *, concurrency: int, metrics_port: int | None = None,
+                     stop: asyncio.Event | None = None) -> None:
+    """Delivers until SIGTERM/SIGINT (or `stop` is set), then shuts down cleanly."""
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+    if stop is None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+    try:
+        async with open_worker(settings, concurrency=concurrency):
+            await stop.wait()
+            log.info("stopping: finishing in-flight deliveries",
+                     extra={"grace": settings.shutdown_grace})
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)

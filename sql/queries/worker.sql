@@ -1,0 +1,212 @@
+-- Queries of the delivery worker; loaded by service.db.queries().
+-- Data flows one way: outbox -> events + deliveries (fan-out) -> claim -> record.
+
+-- name: fanout --
+-- Moves one batch of captured changes out of the outbox. Only events some active
+-- subscription wants are kept; each gets its delivery body built once, here, and one
+-- delivery per matching subscription, created in event id order. The advisory lock keeps
+-- fan-out to one worker at a time, so deliveries are created in event order even when
+-- many workers run; a worker that does not get it skips (the holder drains the outbox).
+WITH lock AS (
+    SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS ok
+), batch AS (
+    DELETE FROM webhooks.outbox o
+     WHERE o.id IN (SELECT id FROM webhooks.outbox
+                     WHERE (SELECT ok FROM lock)
+                     ORDER BY id
+                     LIMIT %(limit)s
+                     FOR UPDATE SKIP LOCKED)
+    RETURNING o.*
+), matched AS (
+    SELECT b.id AS event_id, s.id AS subscription_id
+      FROM batch b
+      JOIN webhooks.subscriptions s
+        ON s.active
+       AND s.resource = b.hook_resource
+       AND b.name = ANY (s.events)
+       AND (s.tenant IS NULL OR NOT b.tenant_scoped OR s.tenant = b.tenant)
+), kept AS (
+    INSERT INTO webhooks.events (id, hook_resource, name, tenant, occurred_at, body)
+    SELECT b.id, b.hook_resource, b.name, b.tenant, b.occurred_at,
+           -- || adds the optional members only when present; jsonb_strip_nulls would
+           -- also drop the row's own null columns.
+           (jsonb_build_object(
+               'event', jsonb_build_object(
+                   'id', b.id,
+                   'name', b.name,
+                   'resource', b.resource,
+                   'resource_id', b.resource_id,
+                   'user_id', b.user_id,
+                   'occurred_at', to_char(b.occurred_at AT TIME ZONE 'UTC',
+                                          'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+               || CASE WHEN b.parent_resource IS NOT NULL
+                       THEN jsonb_build_object('parent', jsonb_build_object(
+                                'resource', b.parent_resource,
+                                'resource_id', b.parent_id))
+                       ELSE '{}'::jsonb END)
+           || CASE WHEN b.row_data IS NOT NULL
+                   THEN jsonb_build_object('resource', b.row_data)
+                   ELSE '{}'::jsonb END
+           )::text
+      FROM batch b
+     WHERE b.id IN (SELECT event_id FROM matched)
+    RETURNING id
+), created AS (
+    INSERT INTO webhooks.deliveries (event_id, subscription_id)
+    SELECT m.event_id, m.subscription_id
+      FROM matched m
+      JOIN kept k ON k.id = m.event_id
+     ORDER BY m.event_id, m.subscription_id
+    RETURNING 1
+)
+SELECT (SELECT ok FROM lock) AS locked,
+       (SELECT count(*) FROM batch) AS taken,
+       (SELECT count(*) FROM created) AS created
+
+-- name: claim --
+-- Claims up to %(limit)s due deliveries, oldest first, at most %(per_target)s minus what
+-- this worker already has in flight per subscription; subscriptions already at their cap
+-- are skipped in the scan, so one slow target never blocks the queue of the others.
+-- The claim pushes next_attempt_at to the lease expiry: if this worker dies, the delivery
+-- comes due again by itself. Deliveries of an inactive subscription are closed as failed
+-- instead of sent.
+WITH busy AS (
+    SELECT sid, n FROM unnest(%(busy_ids)s::bigint[], %(busy_counts)s::int[]) AS b (sid, n)
+), candidates AS (
+    SELECT d.id, d.subscription_id, d.next_attempt_at
+      FROM webhooks.deliveries d
+     WHERE d.status = 'pending'
+       AND d.next_attempt_at <= now()
+       AND d.subscription_id <> ALL (%(saturated)s::bigint[])
+     ORDER BY d.next_attempt_at, d.id
+     LIMIT %(scan)s
+       FOR UPDATE SKIP LOCKED
+), ranked AS (
+    SELECT c.id, c.next_attempt_at AS due,
+           row_number() OVER (PARTITION BY c.subscription_id
+                              ORDER BY c.next_attempt_at, c.id) + coalesce(b.n, 0) AS slot
+      FROM candidates c
+      LEFT JOIN busy b ON b.sid = c.subscription_id
+), chosen AS (
+    SELECT id, due FROM ranked
+     WHERE slot <= %(per_target)s
+     ORDER BY due, id
+     LIMIT %(limit)s
+)
+UPDATE webhooks.deliveries d
+   SET attempts = d.attempts + 1,
+       next_attempt_at = CASE WHEN s.active THEN now() + make_interval(secs => %(lease)s)
+                              ELSE d.next_attempt_at END,
+       lease_expires_at = CASE WHEN s.active THEN now() + make_interval(secs => %(lease)s) END,
+       status = CASE WHEN s.active THEN 'pending' ELSE 'failed' END,
+       finished_at = CASE WHEN s.active THEN NULL ELSE now() END
+  FROM chosen c, webhooks.subscriptions s, webhooks.events e
+ WHERE d.id = c.id
+   AND s.id = d.subscription_id
+   AND e.id = d.event_id
+RETURNING d.id, d.attempts, d.subscription_id, s.active, s.target, s.secret,
+          e.name AS event, e.body, c.due
+
+-- name: next_due --
+-- Seconds until the earliest pending delivery of a subscription not at its cap comes due
+-- (negative when one is due now), or NULL when none is pending.
+SELECT extract(epoch FROM min(d.next_attempt_at) - now())::float8 AS wait
+  FROM webhooks.deliveries d
+ WHERE d.status = 'pending'
+   AND d.subscription_id <> ALL (%(saturated)s::bigint[])
+
+-- name: record --
+-- Records a batch of finished attempts in one statement: the deliveries' new state, one
+-- attempts row each, and the subscriptions' last_* fields (from the latest attempt of each
+-- subscription in the batch). A delivery whose claim this worker no longer holds (its
+-- lease expired and another worker claimed it: attempts moved on) is left alone.
+WITH r AS (
+    SELECT *
+      FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(subscription_ids)s::bigint[],
+                  %(statuses)s::int[], %(outcomes)s::text[], %(retry_in)s::float8[],
+                  %(attempted_at)s::timestamptz[], %(durations)s::float8[],
+                  %(errors)s::text[], %(contents)s::text[])
+           AS r (id, attempt, subscription_id, status, outcome, retry_in, attempted_at,
+                 duration_ms, error, content)
+), done AS (
+    UPDATE webhooks.deliveries d
+       SET status = r.outcome,
+           next_attempt_at = CASE WHEN r.outcome = 'pending'
+                                  THEN now() + make_interval(secs => r.retry_in)
+                                  ELSE d.next_attempt_at END,
+           lease_expires_at = NULL,
+           finished_at = CASE WHEN r.outcome = 'pending' THEN NULL ELSE now() END
+      FROM r
+     WHERE d.id = r.id AND d.attempts = r.attempt AND d.status = 'pending'
+    RETURNING d.id
+), logged AS (
+    INSERT INTO webhooks.attempts (delivery_id, subscription_id, attempt, attempted_at,
+                                   status, duration_ms, error)
+    SELECT r.id, r.subscription_id, r.attempt, r.attempted_at, r.status, r.duration_ms,
+           r.error
+      FROM r
+     WHERE EXISTS (SELECT 1 FROM webhooks.deliveries d WHERE d.id = r.id)
+    RETURNING 1
+), latest AS (
+    SELECT r.subscription_id,
+           (array_agg(r.status ORDER BY r.attempted_at DESC))[1] AS last_status,
+           max(r.attempted_at) FILTER (WHERE r.outcome = 'succeeded') AS success_at,
+           max(r.attempted_at) FILTER (WHERE r.outcome <> 'succeeded') AS failure_at,
+           (array_agg(r.content ORDER BY r.attempted_at DESC)
+              FILTER (WHERE r.outcome <> 'succeeded'))[1] AS failure_content,
+           bool_or(r.status = 410) AS gone
+      FROM r
+     GROUP BY r.subscription_id
+), subs AS (
+    UPDATE webhooks.subscriptions s
+       SET last_status = l.last_status,
+           last_success_at = greatest(s.last_success_at, l.success_at),
+           last_failure_at = greatest(s.last_failure_at, l.failure_at),
+           last_failure_content = CASE WHEN l.failure_at IS NOT NULL THEN l.failure_content
+                                       ELSE s.last_failure_content END,
+           active = s.active AND NOT l.gone
+      FROM latest l
+     WHERE s.id = l.subscription_id
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM done) AS updated,
+       (SELECT count(*) FROM logged) AS logged,
+       (SELECT count(*) FROM subs) AS subscriptions
+
+-- name: stop_gone --
+-- A target answered 410 Gone: its subscription is inactive now, and what was still
+-- queued for it will never be sent.
+UPDATE webhooks.deliveries
+   SET status = 'failed', finished_at = now(), lease_expires_at = NULL
+ WHERE subscription_id = ANY (%(subscription_ids)s::bigint[])
+   AND status = 'pending'
+
+-- name: release --
+-- Shutdown: claims this worker will not finish come due again at once, and the attempt
+-- they did not complete is given back.
+UPDATE webhooks.deliveries d
+   SET next_attempt_at = now(), lease_expires_at = NULL, attempts = d.attempts - 1
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS r (id, attempt)
+ WHERE d.id = r.id AND d.attempts = r.attempt AND d.status = 'pending'
+
+-- name: prune_deliveries --
+-- Retention: one batch of finished deliveries (and, by cascade, their attempts).
+DELETE FROM webhooks.deliveries d
+ WHERE d.id IN (SELECT id FROM webhooks.deliveries
+                 WHERE status <> 'pending'
+                   AND finished_at < now() - make_interval(secs => %(retention)s)
+                 ORDER BY finished_at
+                 LIMIT %(limit)s)
+
+-- name: prune_events --
+-- Retention: one batch of events no delivery refers to any more.
+DELETE FROM webhooks.events e
+ WHERE e.id IN (SELECT ev.id FROM webhooks.events ev
+                 WHERE ev.occurred_at < now() - make_interval(secs => %(retention)s)
+                   AND NOT EXISTS (SELECT 1 FROM webhooks.deliveries d
+                                    WHERE d.event_id = ev.id)
+                 ORDER BY ev.id
+                 LIMIT %(limit)s)
+
+-- name: listen --
+LISTEN webhooks

@@ -1,0 +1,105 @@
+"""Helpers of the worker tests: settings, subscriptions, a worker running in-process."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+
+from service.config import Settings
+from service.worker import Worker, open_worker
+
+INVOICE_EVENTS = ["invoice.create", "invoice.update", "invoice.delete",
+                  "payment.create", "payment.update", "payment.delete"]
+
+
+def make_settings(db_url: str, **overrides: Any) -> Settings:
+    """Settings for a test: loopback targets allowed, fast retries, short timeouts."""
+    values: dict[str, Any] = {
+        "database_url": db_url,
+        "allow_private_targets": True,
+        "retry_schedule": (0.05, 0.05, 0.05),
+        "delivery_timeout": 2.0,
+        "poll_interval": 1.0,
+        "lease": 30.0,
+        "shutdown_grace": 2.0,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+def new_secret() -> str:
+    """A fresh secret in the Standard Webhooks form."""
+    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+
+
+def subscribe(conn: psycopg.Connection, target: str, *, events: list[str] | None = None,
+              resource: str = "invoices", tenant: str | None = None, active: bool = True,
+              owner: str = "tests") -> tuple[int, str]:
+    """Inserts a subscription directly (as the API would after its handshake): (id, secret)."""
+    secret = new_secret()
+    row = conn.execute(
+        "INSERT INTO webhooks.subscriptions (owner, tenant, resource, events, target, secret,"
+        " active) VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
+        (owner, tenant, resource, events or INVOICE_EVENTS, target, secret, active),
+    ).fetchone()
+    assert row is not None
+    return row[0], secret
+
+
+def add_invoice(conn: psycopg.Connection, number: str, *, company: str = "acme",
+                amount: str = "10.00") -> int:
+    """Inserts one invoice; returns its id."""
+    row = conn.execute(
+        "INSERT INTO invoices (number, customer, amount, company_id) VALUES (%s, 'c', %s, %s)"
+        " RETURNING id", (number, amount, company)).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def payloads(received: list[Any]) -> list[dict[str, Any]]:
+    """The JSON bodies of received deliveries."""
+    return [json.loads(r.body) for r in received]
+
+
+def numbers(received: list[Any]) -> list[str]:
+    """The invoice numbers carried by received deliveries, in arrival order."""
+    return [p["resource"]["number"] for p in payloads(received) if "resource" in p]
+
+
+def subscription(conn: psycopg.Connection, sid: int) -> dict[str, Any]:
+    """The subscription row as a dict."""
+    cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+    row = cur.execute("SELECT * FROM webhooks.subscriptions WHERE id = %s", (sid,)).fetchone()
+    assert row is not None
+    return row
+
+
+@asynccontextmanager
+async def running_worker(db_url: str, concurrency: int = 16, **overrides: Any
+                         ) -> AsyncIterator[Worker]:
+    """A worker running in this event loop until the block ends."""
+    async with open_worker(make_settings(db_url, **overrides),
+                           concurrency=concurrency) as worker:
+        await worker.listener.connected.wait()
+        yield worker
+
+
+def worker_env(db_url: str, **extra: str) -> dict[str, str]:
+    """Environment of a `webhooks worker` subprocess for the test database."""
+    env = dict(os.environ)
+    env.update({
+        "DATABASE_URL": db_url,
+        "WEBHOOKS_ALLOW_PRIVATE_TARGETS": "true",
+        "WEBHOOKS_RETRY_SCHEDULE": "50ms,50ms,50ms",
+        "WEBHOOKS_POLL_INTERVAL": "0.5",
+        "WEBHOOKS_DELIVERY_TIMEOUT": "2",
+    })
+    env.update(extra)
+    return env
