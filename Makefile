@@ -40,5 +40,11 @@ demo: install ## subscribe a local receiver and watch signed deliveries (with `m
 status: install ## what the service is doing, at a glance
 	$(DEVDB) -- $(BIN)/webhooks status
 
+bench: install ## the benchmark suite against a private database: one table, bench/results.json
+	$(DEVDB) -- $(BIN)/python -m bench.run $(BENCH_ARGS)
+
+bench-quick: install ## a short benchmark run (under two minutes)
+	$(DEVDB) -- $(BIN)/python -m bench.run --quick $(BENCH_ARGS)
+
 clean: ## remove the virtualenv and caches (keeps .pgdata)
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
