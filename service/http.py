@@ -8,6 +8,7 @@ passes the SSRF guard, both for host names (GuardedResolver) and for IP literals
 from __future__ import annotations
 
 import ipaddress
+import socket
 
 import aiohttp
 import httpx
@@ -41,10 +42,44 @@ class GuardedTransport(httpx.AsyncBaseTransport):
                     check_address(host, host)
                 except TargetRejected as exc:
                     raise httpx.ConnectError(str(exc), request=request) from None
-        return await self._inner.handle_async_request(request)
+        try:
+            return await self._inner.handle_async_request(request)
+        except httpx.ConnectTimeout as exc:
+            raise _remap(exc, request) from exc.__cause__
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+def _remap(exc: httpx.ConnectTimeout, request: httpx.Request) -> httpx.TransportError:
+    """The right httpx error for an aiohttp connection error.
+
+    httpx-aiohttp maps every aiohttp.ClientConnectionError (refused, unresolvable, refused
+    by the guard, server disconnected) to ConnectTimeout; callers need to tell a timeout
+    from a refusal, so the original error decides.
+    """
+    cause = exc.__cause__
+    if cause is None or isinstance(cause, TimeoutError):
+        return exc
+    if isinstance(cause, aiohttp.ClientConnectorError):
+        # Certificate errors carry no os_error.
+        os_error = getattr(cause, "os_error", None)
+        if isinstance(cause, aiohttp.ClientConnectorCertificateError):
+            message = f"TLS certificate of {cause.host} is not valid: {cause.certificate_error}"
+        elif isinstance(os_error, ConnectionRefusedError):
+            message = f"connection refused by {cause.host}:{cause.port}"
+        elif isinstance(os_error, PermissionError) and os_error.strerror:
+            message = os_error.strerror  # the SSRF guard's reason
+        elif isinstance(os_error, socket.gaierror):
+            message = f"host {cause.host} does not resolve"
+        else:
+            reason = getattr(os_error, "strerror", None) or os_error or cause
+            message = f"cannot connect to {cause.host}:{cause.port}: {reason}"
+        return httpx.ConnectError(message, request=request)
+    if isinstance(cause, aiohttp.ServerDisconnectedError):
+        return httpx.RemoteProtocolError("server closed the connection without a response",
+                                         request=request)
+    return httpx.ConnectError(str(cause) or type(cause).__name__, request=request)
 
 
 def make_client(*, allow_private: bool, timeout: float, max_connections: int = 100,

@@ -1,0 +1,394 @@
+"""The REST API: subscriptions under /api/v1, health checks, the OpenAPI document.
+
+`create_app(settings)` builds the Litestar app; its lifespan opens the connection pool
+(unless one is passed in) and the outbound HTTP client, and keeps them on `app.state`,
+from where dependency injection hands them to the handlers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+import httpx
+import uvicorn
+from litestar import Litestar, Request, Response, Router, delete, get, post, put
+from litestar.datastructures import State
+from litestar.di import NamedDependency, Provide
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.openapi.plugins import RedocRenderPlugin, SwaggerRenderPlugin
+from litestar.params import Parameter
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from service import __version__, db, events, tokens
+from service.api_errors import (
+    AUTHENTICATE,
+    ERROR_RESPONSES_DOC,
+    EXCEPTION_HANDLERS,
+    MAX_BODY_SIZE,
+    ApiError,
+    ErrorBody,
+)
+from service.api_models import (
+    REQUEST_COMPONENTS,
+    CreateOperation,
+    HookEvent,
+    Subscription,
+    UpdateOperation,
+    bool_field,
+    check_fields,
+    json_type,
+    parse_active,
+    parse_after,
+    parse_id,
+    parse_limit,
+    parse_object,
+    query_text,
+    shown,
+    string_field,
+    to_subscription,
+)
+from service.config import Settings
+from service.handshake import HandshakeFailed, new_secret, verify
+from service.http import make_client
+from service.ssrf import TargetRejected, check_target
+from service.tokens import Principal
+
+Pool = AsyncConnectionPool[Any]
+# Parameters filled by dependency injection (providers in create_app).
+PoolDep = NamedDependency[Pool]
+PrincipalDep = NamedDependency[Principal]
+ClientDep = NamedDependency[httpx.AsyncClient]
+SettingsDep = NamedDependency[Settings]
+
+CREATE_FIELDS = ("resource", "events", "target")
+UPDATE_FIELDS = ("active", "id", "resource", "events", "target", "last_status",
+                 "last_success_at", "last_failure_at", "last_failure_content")
+# Fields of the subscription that a PUT may repeat but not change.
+FIXED_FIELDS = ("id", "resource", "events", "target")
+# Status fields the worker changes at any time: a PUT may carry them (a client sending
+# back what it read) and they are ignored, since comparing them would race the worker.
+STATUS_FIELDS = ("last_status", "last_success_at", "last_failure_at", "last_failure_content")
+
+IdPath = Annotated[str, Parameter(description="subscription id (integer)")]
+
+
+def _errors(*codes: int) -> dict[int, ResponseSpec]:
+    return {code: ResponseSpec(data_container=ErrorBody, description=ERROR_RESPONSES_DOC[code],
+                               generate_examples=False)
+            for code in codes}
+
+
+# --- dependencies -------------------------------------------------------------------
+
+def provide_pool(state: State) -> Pool:
+    """The app's connection pool."""
+    pool: Pool = state.pool
+    return pool
+
+
+def provide_client(state: State) -> httpx.AsyncClient:
+    """The app's outbound HTTP client (handshakes)."""
+    client: httpx.AsyncClient = state.client
+    return client
+
+
+def provide_settings(state: State) -> Settings:
+    """The app's settings."""
+    settings: Settings = state.settings
+    return settings
+
+
+async def provide_principal(request: Request[Any, Any, Any], pool: PoolDep) -> Principal:
+    """The caller named by `Authorization: Bearer <token>`; 401 when there is none."""
+    header = request.headers.get("authorization")
+    if header is None:
+        raise ApiError(401, "missing Authorization header: send Authorization: Bearer <token>",
+                       {"WWW-Authenticate": AUTHENTICATE})
+    scheme, _, token = header.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise ApiError(401, "Authorization header must have the form: Bearer <token>",
+                       {"WWW-Authenticate": AUTHENTICATE})
+    principal = None
+    if tokens.well_formed(token):
+        async with pool.connection() as conn:
+            principal = await tokens.authenticate(conn, token)
+    if principal is None:
+        raise ApiError(401, "unknown or revoked token",
+                       {"WWW-Authenticate": AUTHENTICATE + ', error="invalid_token"'})
+    return principal
+
+
+# --- subscriptions ------------------------------------------------------------------
+
+async def _registry(pool: Pool, resource: str) -> tuple[dict[str, bool], str | None, list[str]]:
+    """The resource's events (name -> public), its own noun, and the subscribable resources."""
+    async with pool.connection() as conn:
+        rows = await (await conn.execute(db.query("api_resource_events"),
+                                         {"resource": resource})).fetchall()
+        if any(public for _, public, _ in rows):
+            return {r[0]: r[1] for r in rows}, rows[0][2], []
+        names = await (await conn.execute(db.query("api_public_resources"))).fetchall()
+    return {}, None, [r[0] for r in names]
+
+
+async def _canonical_events(pool: Pool, resource: str, text: str) -> list[str]:
+    """The checked canonical events of a subscription to `resource`; 400 if any is wrong."""
+    registry, own_noun, resources = await _registry(pool, resource)
+    if not registry:
+        raise ApiError(400, f"unknown resource {shown(resource)}; resources that can be "
+                            f"subscribed to: {', '.join(resources) or 'none'} "
+                            "(see /api/v1/hook_events)")
+    try:
+        return events.canonicalise(text, own_noun, registry, resource)
+    except events.EventsError as exc:
+        raise ApiError(400, str(exc)) from None
+
+
+async def _fetch(pool: Pool, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(db.query(name), params)
+        return await cur.fetchall()
+
+
+def _subscription_id(text: str) -> int:
+    number = parse_id(text)
+    if number is None:
+        raise ApiError(404, f"no webhook with id {shown(text)}")
+    return number
+
+
+@get("/webhooks", summary="List subscriptions",
+     responses=_errors(400, 401, 503))
+async def list_webhooks(
+    request: Request[Any, Any, Any],
+    principal: PrincipalDep,
+    pool: PoolDep,
+    resource: Annotated[str | None, Parameter(description="only this resource")] = None,
+    active: Annotated[str | None, Parameter(description="true or false")] = None,
+    limit: Annotated[str | None, Parameter(description="1 to 1000, default 100")] = None,
+    after: Annotated[str | None, Parameter(
+        description="only ids greater than this (the Link header's next page)")] = None,
+) -> Response[list[Subscription]]:
+    """The caller's subscriptions, oldest first; a `Link: <...>; rel="next"` when more remain."""
+    wanted = parse_limit(limit)
+    params = {"owner": principal.owner, "resource": query_text("resource", resource),
+              "active": parse_active(active), "after": parse_after(after),
+              "limit": wanted + 1}
+    rows = await _fetch(pool, "api_subscription_list", params)
+    page = [to_subscription(r) for r in rows[:wanted]]
+    headers = {}
+    if len(rows) > wanted:
+        query = {k: v for k, v in (("resource", resource), ("active", active)) if v is not None}
+        query.update(limit=str(wanted), after=str(page[-1].id))
+        url = request.url.with_replacements(query=urlencode(query), fragment="")
+        headers["Link"] = f'<{url}>; rel="next"'
+    return Response(page, headers=headers)
+
+
+@post("/webhooks", summary="Create a subscription (after the verification handshake)",
+      status_code=201, operation_class=CreateOperation,
+      responses=_errors(400, 401, 413, 503))
+async def create_webhook(
+    request: Request[Any, Any, Any],
+    principal: PrincipalDep,
+    pool: PoolDep,
+    client: ClientDep,
+    settings: SettingsDep,
+) -> Subscription:
+    """Validates resource, events and target, verifies the target, stores the subscription."""
+    body = parse_object(await request.body())
+    check_fields(body, CREATE_FIELDS, CREATE_FIELDS)
+    resource, text, target = (string_field(body, name) for name in CREATE_FIELDS)
+    names = await _canonical_events(pool, resource, text)
+    try:
+        await check_target(target, settings.allow_private_targets)
+    except TargetRejected as exc:
+        raise ApiError(400, str(exc)) from None
+    # No connection is held here: the handshake may take the whole verify timeout.
+    secret = new_secret()
+    try:
+        await verify(client, target, secret, settings.verify_timeout)
+    except HandshakeFailed as exc:
+        raise ApiError(400, f"target verification failed: {exc}") from None
+    rows = await _fetch(pool, "api_subscription_insert", {
+        "owner": principal.owner, "tenant": principal.tenant, "resource": resource,
+        "events": names, "target": target, "secret": secret})
+    return to_subscription(rows[0])
+
+
+@get("/webhooks/{webhook_id:str}", summary="Get a subscription",
+     responses=_errors(401, 404, 503))
+async def get_webhook(webhook_id: IdPath, principal: PrincipalDep, pool: PoolDep) -> Subscription:
+    """One of the caller's subscriptions."""
+    number = _subscription_id(webhook_id)
+    rows = await _fetch(pool, "api_subscription_get", {"id": number, "owner": principal.owner})
+    if not rows:
+        raise ApiError(404, f"no webhook with id {number}")
+    return to_subscription(rows[0])
+
+
+def _check_unchanged(body: dict[str, Any], current: Subscription, names: list[str] | None
+                     ) -> None:
+    """400 naming the first fixed field whose value differs from the current one."""
+    if "id" in body:
+        value = body["id"]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ApiError(400, f"field 'id' must be an integer, not {json_type(value)}")
+        if value != current.id:
+            raise ApiError(400, "field 'id' cannot be changed")
+    for name in ("resource", "target"):
+        if name in body and string_field(body, name) != getattr(current, name):
+            raise ApiError(400, f"field {name!r} cannot be changed; create a new webhook "
+                                "and delete this one instead")
+    if names is not None and set(names) != set(current.events.split(",")):
+        raise ApiError(400, "field 'events' cannot be changed; create a new webhook and "
+                            "delete this one instead")
+    for name in STATUS_FIELDS:
+        value = body.get(name)
+        wanted, kind = (int, "an integer") if name == "last_status" else (str, "a string")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, wanted)):
+            raise ApiError(400, f"field {name!r} must be {kind} or null")
+
+
+@put("/webhooks/{webhook_id:str}", summary="Activate or deactivate a subscription",
+     operation_class=UpdateOperation, responses=_errors(400, 401, 404, 413, 503))
+async def update_webhook(
+    webhook_id: IdPath,
+    request: Request[Any, Any, Any],
+    principal: PrincipalDep,
+    pool: PoolDep,
+) -> Subscription:
+    """Sets `active`; other fields may be sent only with their current values."""
+    number = _subscription_id(webhook_id)
+    body = parse_object(await request.body())
+    check_fields(body, UPDATE_FIELDS, ("active",))
+    active = bool_field(body, "active")
+    text = string_field(body, "events") if "events" in body else None
+    key = {"id": number, "owner": principal.owner}
+    async with pool.connection() as conn, conn.transaction(), \
+            conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(db.query("api_subscription_lock"), key)
+        row = await cur.fetchone()
+        if row is None:
+            raise ApiError(404, f"no webhook with id {number}")
+        current = to_subscription(row)
+        names = None
+        if text is not None:
+            # Compared as the create would have stored them: bare verbs, aliases, order.
+            try:
+                await cur.execute(db.query("api_own_noun"), {"resource": current.resource})
+                noun = await cur.fetchone()
+                names = events.parse(text, noun["noun"] if noun else None)
+            except events.EventsError as exc:
+                raise ApiError(400, str(exc)) from None
+        _check_unchanged(body, current, names)
+        await cur.execute(db.query("api_subscription_set_active"), {**key, "active": active})
+        updated = await cur.fetchone()
+    assert updated is not None
+    return to_subscription(updated)
+
+
+@delete("/webhooks/{webhook_id:str}", summary="Delete a subscription and its pending deliveries",
+        status_code=204, responses=_errors(401, 404, 503))
+async def delete_webhook(webhook_id: IdPath, principal: PrincipalDep, pool: PoolDep) -> None:
+    """Deletes the subscription; its queued deliveries go with it."""
+    number = _subscription_id(webhook_id)
+    rows = await _fetch(pool, "api_subscription_delete", {"id": number, "owner": principal.owner})
+    if not rows:
+        raise ApiError(404, f"no webhook with id {number}")
+
+
+@get("/hook_events", summary="List the events that can be subscribed to",
+     responses=_errors(401, 503))
+async def list_hook_events(principal: PrincipalDep, pool: PoolDep) -> list[HookEvent]:
+    """Every public event, as {"resource", "event"}, by resource and name."""
+    rows = await _fetch(pool, "api_hook_events", {})
+    return [HookEvent(resource=r["resource"], event=r["event"]) for r in rows]
+
+
+# --- health -------------------------------------------------------------------------
+
+@get("/healthz", summary="Process up", include_in_schema=True)
+async def healthz() -> dict[str, str]:
+    """200 while the process serves requests."""
+    return {"status": "ok"}
+
+
+@get("/readyz", summary="Database reachable", responses=_errors(503))
+async def readyz(pool: PoolDep) -> Response[dict[str, str]]:
+    """200 when `select 1` runs through the pool, else 503."""
+    try:
+        async with pool.connection(timeout=5.0) as conn:
+            await conn.execute(db.query("api_ping"))
+    except Exception as exc:
+        # Readiness answers, whatever the failure; the type says enough to an operator.
+        return Response({"error": f"database unreachable ({type(exc).__name__})"},
+                        status_code=503)
+    return Response({"status": "ok"})
+
+
+# --- the app ------------------------------------------------------------------------
+
+def create_app(settings: Settings, pool: Pool | None = None) -> Litestar:
+    """The API app; opens (and closes) its own pool unless `pool` is given."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            if pool is None:
+                own = db.make_pool(settings.database_url, max_size=settings.pool_size,
+                                   name="api")
+                await own.open(wait=True)
+                stack.push_async_callback(own.close)
+                app.state.pool = own
+            else:
+                app.state.pool = pool
+            client = make_client(allow_private=settings.allow_private_targets,
+                                 timeout=settings.verify_timeout)
+            stack.push_async_callback(client.aclose)
+            app.state.client = client
+            yield
+
+    api = Router(
+        path="/api/v1",
+        route_handlers=[list_webhooks, create_webhook, get_webhook, update_webhook,
+                        delete_webhook, list_hook_events],
+        dependencies={"principal": Provide(provide_principal)},
+        security=[{"BearerToken": []}],
+        tags=["webhooks"],
+    )
+    return Litestar(
+        route_handlers=[api, healthz, readyz],
+        dependencies={
+            "pool": Provide(provide_pool, sync_to_thread=False),
+            "client": Provide(provide_client, sync_to_thread=False),
+            "settings": Provide(provide_settings, sync_to_thread=False),
+        },
+        state=State({"settings": settings}),
+        lifespan=[lifespan],
+        exception_handlers=EXCEPTION_HANDLERS,
+        request_max_body_size=MAX_BODY_SIZE,
+        logging_config=None,
+        openapi_config=OpenAPIConfig(
+            title="Webhook subscription service",
+            version=__version__,
+            description="Subscribe to changes of database rows; every error is "
+                        '{"error": "<message>"}.',
+            path="/schema",
+            components=[REQUEST_COMPONENTS],
+            render_plugins=[SwaggerRenderPlugin(path=["/", "/swagger"]), RedocRenderPlugin()],
+        ),
+    )
+
+
+async def serve(settings: Settings, host: str, port: int) -> None:
+    """Serves the API with uvicorn until SIGTERM or SIGINT."""
+    config = uvicorn.Config(create_app(settings), host=host, port=port, log_config=None,
+                            access_log=False, server_header=False)
+    await uvicorn.Server(config).serve()

@@ -1,0 +1,124 @@
+"""The one place where every failure of an API request becomes `{"error": "..."}`.
+
+Handlers raise ApiError with the status and a message a person can act on; Litestar's own
+exceptions (routing, body size, parameter validation) and anything unexpected are mapped
+here too, so Litestar's default error shape never reaches a client.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgspec
+import psycopg
+from litestar import Request, Response
+from litestar.exceptions import (
+    HTTPException,
+    MethodNotAllowedException,
+    NotFoundException,
+    ValidationException,
+)
+from litestar.types import ExceptionHandlersMap
+from psycopg_pool import PoolTimeout
+
+log = logging.getLogger("webhooks.api")
+
+MAX_BODY_SIZE = 65536
+AUTHENTICATE = 'Bearer realm="webhooks"'
+
+
+class ErrorBody(msgspec.Struct):
+    """Every error response: one human-readable message."""
+
+    error: str
+
+
+class ApiError(Exception):
+    """A request the API refuses; `status` and `message` go to the client as they are."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None
+                   ) -> Response[ErrorBody]:
+    """The JSON error response every failure ends as."""
+    return Response(ErrorBody(error=message), status_code=status, headers=headers,
+                    media_type="application/json")
+
+
+def _api_error(request: Request[Any, Any, Any], exc: ApiError) -> Response[ErrorBody]:
+    return error_response(exc.status, exc.message, exc.headers)
+
+
+def _validation(request: Request[Any, Any, Any], exc: ValidationException) -> Response[ErrorBody]:
+    # Litestar's messages name the parameter; keep them, drop its {"extra": ...} shape.
+    details = []
+    if isinstance(exc.extra, list):
+        for item in exc.extra:
+            if isinstance(item, dict) and item.get("message"):
+                key = item.get("key")
+                details.append(f"{key}: {item['message']}" if key else str(item["message"]))
+    message = "invalid request" + (": " + "; ".join(details) if details else "")
+    return error_response(400, message)
+
+
+def _not_found(request: Request[Any, Any, Any], exc: NotFoundException) -> Response[ErrorBody]:
+    return error_response(404, "no such endpoint; the API is described at /schema")
+
+
+def _not_allowed(request: Request[Any, Any, Any], exc: MethodNotAllowedException
+                 ) -> Response[ErrorBody]:
+    allow = (exc.headers or {}).get("allow", "")
+    message = f"method {request.method} is not allowed here"
+    if allow:
+        message += f"; allowed: {allow}"
+    return error_response(405, message, {"Allow": allow} if allow else None)
+
+
+def _http(request: Request[Any, Any, Any], exc: HTTPException) -> Response[ErrorBody]:
+    status = exc.status_code
+    if status == 413:
+        return error_response(413, f"request body is larger than {MAX_BODY_SIZE} bytes")
+    if status >= 500:
+        log.error("request failed: %s", type(exc).__name__)
+        return error_response(status, "internal error")
+    return error_response(status, str(exc.detail) or "bad request")
+
+
+def _database(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:
+    log.error("database unavailable: %s", type(exc).__name__)
+    return error_response(503, "the database is unavailable; try again later")
+
+
+def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:
+    # The type alone: messages of unexpected errors may quote request data.
+    handler = getattr(request.scope.get("route_handler"), "handler_name", "?")
+    log.error("unhandled %s in %s %s", type(exc).__name__, request.method, handler)
+    return error_response(500, "internal error")
+
+
+EXCEPTION_HANDLERS: ExceptionHandlersMap = {
+    ApiError: _api_error,
+    ValidationException: _validation,
+    NotFoundException: _not_found,
+    MethodNotAllowedException: _not_allowed,
+    HTTPException: _http,
+    psycopg.OperationalError: _database,
+    PoolTimeout: _database,
+    Exception: _unexpected,
+}
+
+ERROR_RESPONSES_DOC = {
+    400: "invalid input: malformed JSON, wrong types, missing or unknown fields, unknown "
+         "resource or event, bad target, failed verification",
+    401: "missing, malformed, unknown or revoked token",
+    404: "unknown id, or one that belongs to another owner",
+    405: "method not allowed on this path",
+    413: f"request body larger than {MAX_BODY_SIZE} bytes",
+    503: "database unavailable",
+}

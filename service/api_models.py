@@ -1,0 +1,249 @@
+"""What the API reads and writes: request parsing with exact messages, response shapes.
+
+Request bodies are parsed here from raw bytes rather than by Litestar, so that every
+mistake gets a message naming the field and the problem, in the order the API promises.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+from litestar.openapi.spec import (
+    Components,
+    OpenAPIMediaType,
+    OpenAPIType,
+    Operation,
+    Reference,
+    RequestBody,
+    Schema,
+    SecurityScheme,
+)
+
+from service.api_errors import ApiError
+from service.events import format_events
+
+BIGINT_MAX = 2**63 - 1
+MAX_LIMIT = 1000
+DEFAULT_LIMIT = 100
+_DIGITS = re.compile(r"^[0-9]{1,19}$")
+_SHOWN = 60
+
+
+class Subscription(msgspec.Struct):
+    """A subscription as the API shows it; never its secret or creation time."""
+
+    id: int
+    resource: str
+    events: str
+    target: str
+    active: bool
+    last_status: int | None
+    last_success_at: str | None
+    last_failure_at: str | None
+    last_failure_content: str | None
+
+
+class HookEvent(msgspec.Struct):
+    """One subscribable event of a resource."""
+
+    resource: str
+    event: str
+
+
+def timestamp(value: datetime | None) -> str | None:
+    """RFC 3339 in UTC with microseconds, e.g. 2026-11-22T02:24:11.876540Z."""
+    if value is None:
+        return None
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def to_subscription(row: dict[str, Any]) -> Subscription:
+    """The API form of a subscriptions row."""
+    return Subscription(
+        id=row["id"], resource=row["resource"], events=format_events(row["events"]),
+        target=row["target"], active=row["active"], last_status=row["last_status"],
+        last_success_at=timestamp(row["last_success_at"]),
+        last_failure_at=timestamp(row["last_failure_at"]),
+        last_failure_content=row["last_failure_content"],
+    )
+
+
+def shown(text: str) -> str:
+    """A client-supplied value quoted for a message, cut to a readable length."""
+    return repr(text if len(text) <= _SHOWN else text[:_SHOWN] + "...")
+
+
+def json_type(value: object) -> str:
+    """The JSON name of a decoded value's type, for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def parse_object(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object; 400 for an empty, malformed or non-object body."""
+    if not raw.strip():
+        raise ApiError(400, "request body is empty: send a JSON object")
+    try:
+        value = msgspec.json.decode(raw)
+    except (msgspec.DecodeError, ValueError, RecursionError) as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ApiError(400, f"request body must be a JSON object, not {json_type(value)}")
+    return value
+
+
+def check_fields(body: dict[str, Any], allowed: tuple[str, ...], required: tuple[str, ...]
+                 ) -> None:
+    """400 for the first unknown field, then for the first missing required one."""
+    for name in body:
+        if name not in allowed:
+            raise ApiError(400, f"unknown field {shown(name)}; allowed fields: "
+                                f"{', '.join(allowed)}")
+    for name in required:
+        if name not in body:
+            raise ApiError(400, f"missing field {name!r}")
+
+
+def string_field(body: dict[str, Any], name: str) -> str:
+    """The field as a string without NUL characters (Postgres text cannot hold them)."""
+    value = body[name]
+    if not isinstance(value, str):
+        raise ApiError(400, f"field {name!r} must be a string, not {json_type(value)}")
+    if "\x00" in value:
+        raise ApiError(400, f"field {name!r} must not contain NUL characters")
+    return value
+
+
+def bool_field(body: dict[str, Any], name: str) -> bool:
+    """The field as a JSON boolean (1 and "true" are not booleans)."""
+    value = body[name]
+    if not isinstance(value, bool):
+        raise ApiError(400, f"field {name!r} must be true or false, not {json_type(value)}")
+    return value
+
+
+def query_text(name: str, value: str | None) -> str | None:
+    """A query parameter that Postgres can hold."""
+    if value is not None and "\x00" in value:
+        raise ApiError(400, f"query parameter {name!r} must not contain NUL characters")
+    return value
+
+
+def parse_id(text: str) -> int | None:
+    """The subscription id in a path, or None when it cannot be one (the caller answers 404)."""
+    if not _DIGITS.match(text):
+        return None
+    number = int(text)
+    return number if 0 < number <= BIGINT_MAX else None
+
+
+def parse_limit(text: str | None) -> int:
+    """The `limit` query parameter: 1 to MAX_LIMIT, default DEFAULT_LIMIT."""
+    if text is None:
+        return DEFAULT_LIMIT
+    if not _DIGITS.match(text) or not 1 <= int(text) <= MAX_LIMIT:
+        raise ApiError(400, f"limit must be an integer from 1 to {MAX_LIMIT}, not {shown(text)}")
+    return int(text)
+
+
+def parse_after(text: str | None) -> int:
+    """The `after` query parameter: a subscription id, default 0 (from the start)."""
+    if text is None:
+        return 0
+    if not _DIGITS.match(text) or int(text) > BIGINT_MAX:
+        raise ApiError(400, f"after must be a subscription id (a non-negative integer), "
+                            f"not {shown(text)}")
+    return int(text)
+
+
+def parse_active(text: str | None) -> bool | None:
+    """The `active` filter: true, false or absent."""
+    if text is None:
+        return None
+    if text not in ("true", "false"):
+        raise ApiError(400, f"active must be true or false, not {shown(text)}")
+    return text == "true"
+
+
+# OpenAPI: the request bodies are parsed by hand above, so their schemas are declared here.
+_STRING = Schema(type=OpenAPIType.STRING)
+CREATE_SCHEMA = Schema(
+    type=OpenAPIType.OBJECT,
+    required=["resource", "events", "target"],
+    additional_properties=False,
+    properties={
+        "resource": Schema(type=OpenAPIType.STRING, description="a resource of /hook_events",
+                           examples=["invoices"]),
+        "events": Schema(type=OpenAPIType.STRING,
+                         description="comma-separated event names: full (invoice.create), "
+                                     "bare verbs of the resource's own noun (create), "
+                                     "destroy as an alias of delete",
+                         examples=["invoice.create,payment.create"]),
+        "target": Schema(type=OpenAPIType.STRING,
+                         description="http(s) URL that answers the verification POST with "
+                                     "200 and the same X-Hook-Secret header",
+                         examples=["https://example.com/hooks"]),
+    },
+)
+UPDATE_SCHEMA = Schema(
+    type=OpenAPIType.OBJECT,
+    required=["active"],
+    additional_properties=False,
+    description="Only active changes; id, resource, events and target may be sent with their "
+                "current values; last_* fields are read-only and ignored.",
+    properties={
+        "active": Schema(type=OpenAPIType.BOOLEAN),
+        "id": Schema(type=OpenAPIType.INTEGER),
+        "resource": _STRING,
+        "events": _STRING,
+        "target": _STRING,
+        "last_status": Schema(one_of=[Schema(type=OpenAPIType.INTEGER),
+                                      Schema(type=OpenAPIType.NULL)]),
+        "last_success_at": Schema(one_of=[_STRING, Schema(type=OpenAPIType.NULL)]),
+        "last_failure_at": Schema(one_of=[_STRING, Schema(type=OpenAPIType.NULL)]),
+        "last_failure_content": Schema(one_of=[_STRING, Schema(type=OpenAPIType.NULL)]),
+    },
+)
+REQUEST_COMPONENTS = Components(
+    schemas={"CreateSubscription": CREATE_SCHEMA, "UpdateSubscription": UPDATE_SCHEMA},
+    security_schemes={"BearerToken": SecurityScheme(
+        type="http", scheme="bearer",
+        description="an API token from `webhooks token create`")},
+)
+
+
+def _body(name: str) -> RequestBody:
+    return RequestBody(
+        required=True,
+        content={"application/json": OpenAPIMediaType(
+            schema=Reference(ref=f"#/components/schemas/{name}"))},
+    )
+
+
+@dataclass
+class CreateOperation(Operation):
+    """An OpenAPI operation whose request body is CreateSubscription."""
+
+    def __post_init__(self) -> None:
+        self.request_body = _body("CreateSubscription")
+
+
+@dataclass
+class UpdateOperation(Operation):
+    """An OpenAPI operation whose request body is UpdateSubscription."""
+
+    def __post_init__(self) -> None:
+        self.request_body = _body("UpdateSubscription")

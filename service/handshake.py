@@ -1,0 +1,82 @@
+"""The verification handshake: a target proves it wants webhooks by echoing `X-Hook-Secret`.
+
+The service POSTs `{}` with a fresh secret in `X-Hook-Secret`; only a 200 answer carrying
+the same value in its own `X-Hook-Secret` header passes. Anything else raises
+HandshakeFailed with a message that says what the target did, never the secret.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import secrets
+
+import httpx
+
+from service.http import read_limited
+
+SECRET_PREFIX = "whsec_"
+HEADER = "X-Hook-Secret"
+# The answer's body means nothing to the handshake; read a little so the connection can
+# be reused, never more.
+BODY_LIMIT = 4096
+_SHOWN = 200
+
+
+class HandshakeFailed(Exception):
+    """The target did not pass verification; the message tells an integrator what it did."""
+
+
+def new_secret() -> str:
+    """A fresh subscription secret: `whsec_` and standard base64 of 32 random bytes."""
+    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode("ascii")
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= _SHOWN else text[:_SHOWN] + "..."
+
+
+def _outcome(status: int, echoed: list[str], location: str | None, secret: str) -> str | None:
+    """Why an answer fails the handshake, or None when it passes."""
+    if 300 <= status < 400:
+        where = f" to {_cut(location)}" if location else ""
+        return (f"the target answered the verification request with a redirect ({status}"
+                f"{where}); redirects are not followed, so use the final URL as the target")
+    if status != 200:
+        return (f"the target answered the verification request with HTTP {status}; it must "
+                f"answer 200 and echo the {HEADER} header")
+    if not echoed:
+        return (f"the target answered 200 but did not echo the {HEADER} header it was sent")
+    if len(echoed) != 1 or not hmac.compare_digest(echoed[0].encode(), secret.encode()):
+        return (f"the target answered 200 but its {HEADER} header differs from the one it "
+                "was sent")
+    return None
+
+
+async def verify(client: httpx.AsyncClient, target: str, secret: str, timeout: float) -> None:
+    """Runs the handshake against `target`; raises HandshakeFailed unless it passes.
+
+    The whole exchange is bounded by `timeout` seconds; redirects are not followed (the
+    client never follows them) and at most BODY_LIMIT bytes of the answer are read.
+    """
+    try:
+        async with asyncio.timeout(timeout):
+            async with client.stream("POST", target, json={}, headers={HEADER: secret},
+                                     timeout=timeout) as response:
+                await read_limited(response, BODY_LIMIT)
+                reason = _outcome(response.status_code, response.headers.get_list(HEADER),
+                                  response.headers.get("location"), secret)
+    except (TimeoutError, httpx.TimeoutException):
+        reason = (f"the target did not answer the verification request within {timeout:g} "
+                  "seconds (WEBHOOKS_VERIFY_TIMEOUT)")
+    except httpx.ConnectError as exc:
+        reason = f"the verification request could not reach the target: {exc}"
+    except httpx.HTTPError as exc:
+        reason = f"the verification request to the target failed: {exc or type(exc).__name__}"
+    except (httpx.InvalidURL, ValueError) as exc:
+        # URLs that urlsplit accepts but httpx or yarl do not (odd IDNA, ports, escapes).
+        reason = f"target is not a valid URL: {exc}"
+    if reason is not None:
+        # Transport messages come from libraries; make sure none carries the secret.
+        raise HandshakeFailed(reason.replace(secret, "***"))

@@ -1,0 +1,77 @@
+-- Queries of the REST API; loaded by service.db.queries().
+-- Every subscription query is scoped by owner: another owner's id is as unknown as a
+-- missing one.
+
+-- name: api_ping --
+SELECT 1
+
+-- name: api_resource_events --
+-- The registry of one resource, and the noun of the table attached as that resource
+-- (NULL when only nested tables are offered under it), which bare verbs refer to.
+SELECT e.event, e.public,
+       (SELECT a.noun FROM webhooks.attachments a WHERE a.resource = %(resource)s) AS own_noun
+  FROM webhooks.hook_events e
+ WHERE e.resource = %(resource)s
+ ORDER BY e.event
+
+-- name: api_own_noun --
+SELECT noun FROM webhooks.attachments WHERE resource = %(resource)s
+
+-- name: api_public_resources --
+SELECT DISTINCT resource
+  FROM webhooks.hook_events
+ WHERE public
+ ORDER BY resource
+ LIMIT 50
+
+-- name: api_hook_events --
+SELECT resource, event
+  FROM webhooks.hook_events
+ WHERE public
+ ORDER BY resource, event
+
+-- name: api_subscription_insert --
+INSERT INTO webhooks.subscriptions (owner, tenant, resource, events, target, secret,
+                                    active, last_status)
+VALUES (%(owner)s, %(tenant)s, %(resource)s, %(events)s, %(target)s, %(secret)s,
+        true, 200)
+RETURNING id, resource, events, target, active, last_status, last_success_at,
+          last_failure_at, last_failure_content
+
+-- name: api_subscription_list --
+-- One row more than asked for tells the caller whether a next page exists.
+SELECT id, resource, events, target, active, last_status, last_success_at,
+       last_failure_at, last_failure_content
+  FROM webhooks.subscriptions
+ WHERE owner = %(owner)s
+   AND id > %(after)s
+   AND (%(resource)s::text IS NULL OR resource = %(resource)s::text)
+   AND (%(active)s::boolean IS NULL OR active = %(active)s::boolean)
+ ORDER BY id
+ LIMIT %(limit)s
+
+-- name: api_subscription_get --
+SELECT id, resource, events, target, active, last_status, last_success_at,
+       last_failure_at, last_failure_content
+  FROM webhooks.subscriptions
+ WHERE id = %(id)s AND owner = %(owner)s
+
+-- name: api_subscription_lock --
+SELECT id, resource, events, target, active, last_status, last_success_at,
+       last_failure_at, last_failure_content
+  FROM webhooks.subscriptions
+ WHERE id = %(id)s AND owner = %(owner)s
+   FOR UPDATE
+
+-- name: api_subscription_set_active --
+UPDATE webhooks.subscriptions
+   SET active = %(active)s
+ WHERE id = %(id)s AND owner = %(owner)s
+RETURNING id, resource, events, target, active, last_status, last_success_at,
+          last_failure_at, last_failure_content
+
+-- name: api_subscription_delete --
+-- The subscription's deliveries and their attempts go with it (ON DELETE CASCADE).
+DELETE FROM webhooks.subscriptions
+ WHERE id = %(id)s AND owner = %(owner)s
+RETURNING id
