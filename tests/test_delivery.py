@@ -1,0 +1,137 @@
+"""Claims and records: leases, caps per subscription, no attempt sent twice at once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from service.db import make_pool, query
+from service.delivery import Claim, Outcome, claim, record, release
+from service.fanout import drain_outbox
+from tests.test_worker_helpers import subscribe
+
+
+@pytest.fixture
+async def pool(db_url: str) -> AsyncIterator[AsyncConnectionPool]:
+    p = make_pool(db_url, min_size=1, max_size=8, name="test")
+    await p.open(wait=True)
+    yield p
+    await p.close()
+
+
+async def queue(pool: AsyncConnectionPool, conn: psycopg.Connection, n: int,
+                subscribers: int = 1) -> list[int]:
+    ids = [subscribe(conn, f"http://s{i}.example/", events=["invoice.create"])[0]
+           for i in range(subscribers)]
+    conn.execute("INSERT INTO invoices (number, customer, amount)"
+                 " SELECT 'Q' || g, 'c', 1 FROM generate_series(1, %s) g", (n,))
+    await drain_outbox(pool, 1000)
+    return ids
+
+
+async def take(pool: AsyncConnectionPool, limit: int, busy: dict[int, int] | None = None,
+               per_target: int = 100, lease: float = 60.0) -> list[Claim]:
+    return await claim(pool, limit=limit, per_target=per_target, busy=busy or {},
+                       lease=lease, scan=100)
+
+
+async def test_concurrent_claims_never_overlap(pool: AsyncConnectionPool,
+                                               conn: psycopg.Connection) -> None:
+    await queue(pool, conn, 200)
+    ids: list[int] = []
+    for _ in range(10):  # rows another claim holds are skipped, not waited for
+        batches = await asyncio.gather(*(take(pool, 30) for _ in range(8)))
+        ids += [c.id for batch in batches for c in batch]
+        if len(ids) >= 200:
+            break
+    assert len(ids) == len(set(ids)) == 200
+    # Claimed work is not due again until its lease runs out.
+    assert await take(pool, 30) == []
+
+
+async def test_expired_lease_comes_due_again(pool: AsyncConnectionPool,
+                                             conn: psycopg.Connection) -> None:
+    await queue(pool, conn, 1)
+    first = await take(pool, 10, lease=0.2)
+    assert [c.attempts for c in first] == [1]
+    assert await take(pool, 10) == []
+    await asyncio.sleep(0.3)  # the lease is a wall-clock time in the table
+    again = await take(pool, 10)
+    assert [(c.id, c.attempts) for c in again] == [(first[0].id, 2)]
+
+
+async def test_claims_are_ordered_and_capped_per_subscription(
+        pool: AsyncConnectionPool, conn: psycopg.Connection) -> None:
+    a, b = await queue(pool, conn, 10, subscribers=2)
+    got = await take(pool, 100, busy={a: 1}, per_target=3)
+    per_sub = {a: [c.id for c in got if c.subscription_id == a],
+               b: [c.id for c in got if c.subscription_id == b]}
+    assert len(per_sub[a]) == 2 and len(per_sub[b]) == 3
+    assert [c.id for c in got] == sorted(c.id for c in got)
+    # A saturated subscription is skipped: the other's work is found behind it.
+    more = await take(pool, 100, busy={a: 3, b: 3}, per_target=3)
+    assert more == []
+    more = await take(pool, 100, busy={a: 3}, per_target=3)
+    assert {c.subscription_id for c in more} == {b} and len(more) == 3
+
+
+async def test_inactive_subscription_deliveries_are_closed(
+        pool: AsyncConnectionPool, conn: psycopg.Connection) -> None:
+    (sid,) = await queue(pool, conn, 3)
+    conn.execute("UPDATE webhooks.subscriptions SET active = false WHERE id = %s", (sid,))
+    assert await take(pool, 10) == []
+    rows = conn.execute("SELECT DISTINCT status FROM webhooks.deliveries").fetchall()
+    assert rows == [("failed",)]
+
+
+def outcome(c: Claim, status: int, result: str, retry_in: float = 0.0) -> Outcome:
+    return Outcome(c, status, result, retry_in, datetime.now(UTC), 1.5,
+                   None if result == "succeeded" else "err")
+
+
+async def test_stale_outcome_does_not_overwrite_a_newer_claim(
+        pool: AsyncConnectionPool, conn: psycopg.Connection) -> None:
+    await queue(pool, conn, 1)
+    (old,) = await take(pool, 1, lease=0.1)
+    await asyncio.sleep(0.2)
+    (new,) = await take(pool, 1)
+    await record(pool, [outcome(old, 500, "pending", 10.0)])
+    row = conn.execute("SELECT status, attempts, lease_expires_at IS NOT NULL"
+                       " FROM webhooks.deliveries").fetchone()
+    assert row == ("pending", 2, True)  # still the new claim's
+    await record(pool, [outcome(new, 200, "succeeded")])
+    assert conn.execute("SELECT status FROM webhooks.deliveries").fetchone() == ("succeeded",)
+    # Both attempts are in the log.
+    assert conn.execute("SELECT count(*) FROM webhooks.attempts").fetchone() == (2,)
+
+
+async def test_release_gives_the_attempt_back(pool: AsyncConnectionPool,
+                                              conn: psycopg.Connection) -> None:
+    await queue(pool, conn, 2)
+    claims = await take(pool, 10)
+    await release(pool, claims)
+    again = await take(pool, 10)
+    assert [(c.id, c.attempts) for c in again] == [(c.id, 1) for c in claims]
+
+
+async def test_deleted_subscription_outcome_is_dropped(pool: AsyncConnectionPool,
+                                                       conn: psycopg.Connection) -> None:
+    (sid,) = await queue(pool, conn, 1)
+    (c,) = await take(pool, 1)
+    conn.execute("DELETE FROM webhooks.subscriptions WHERE id = %s", (sid,))
+    await record(pool, [outcome(c, 200, "succeeded")])
+    assert conn.execute("SELECT count(*) FROM webhooks.deliveries").fetchone() == (0,)
+
+
+def test_claim_uses_the_due_index(conn: psycopg.Connection) -> None:
+    conn.execute("SET enable_seqscan = off")  # tiny tables: ask whether the index can serve
+    params = {"limit": 10, "scan": 100, "per_target": 8, "lease": 60.0, "busy_ids": [],
+              "busy_counts": [], "saturated": []}
+    with conn.cursor() as cur:
+        plan = cur.execute(b"EXPLAIN " + query("claim").encode(), params).fetchall()
+    assert any("deliveries_due_idx" in line for (line,) in plan)

@@ -1,0 +1,107 @@
+"""Fan-out: outbox rows become events with one delivery per matching active subscription."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from service.db import make_pool
+from service.fanout import FANOUT_LOCK, drain_outbox, fan_out_batch
+from tests.test_worker_helpers import add_invoice, subscribe
+
+
+@pytest.fixture
+async def pool(db_url: str) -> AsyncIterator[AsyncConnectionPool]:
+    p = make_pool(db_url, min_size=1, max_size=4, name="test")
+    await p.open(wait=True)
+    yield p
+    await p.close()
+
+
+def count(conn: psycopg.Connection, table: str) -> int:
+    queries = {
+        "outbox": "SELECT count(*) FROM webhooks.outbox",
+        "events": "SELECT count(*) FROM webhooks.events",
+        "deliveries": "SELECT count(*) FROM webhooks.deliveries",
+    }
+    row = conn.execute(queries[table]).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_one_delivery_per_matching_subscription(pool: AsyncConnectionPool,
+                                                      conn: psycopg.Connection) -> None:
+    a, _ = subscribe(conn, "http://a.example/", events=["invoice.create"])
+    b, _ = subscribe(conn, "http://b.example/", events=["invoice.create", "invoice.update"])
+    subscribe(conn, "http://c.example/", events=["invoice.delete"])
+    subscribe(conn, "http://d.example/", events=["invoice.create"], tenant="globex")
+    subscribe(conn, "http://e.example/", events=["invoice.create"], active=False)
+    subscribe(conn, "http://f.example/", events=["payment.create"])
+    invoice_id = add_invoice(conn, "F1", company="acme")
+    conn.execute("UPDATE invoices SET status = 'sent' WHERE id = %s", (invoice_id,))
+
+    assert await drain_outbox(pool, 100) == 3
+    assert count(conn, "outbox") == 0
+    rows = conn.execute("SELECT e.name, d.subscription_id, d.status, d.attempts"
+                        " FROM webhooks.deliveries d JOIN webhooks.events e"
+                        " ON e.id = d.event_id ORDER BY d.id").fetchall()
+    assert rows == [("invoice.create", a, "pending", 0), ("invoice.create", b, "pending", 0),
+                    ("invoice.update", b, "pending", 0)]
+
+
+async def test_body_is_built_once_in_sql(pool: AsyncConnectionPool,
+                                         conn: psycopg.Connection) -> None:
+    subscribe(conn, "http://a.example/")
+    invoice_id = add_invoice(conn, "B1")
+    conn.execute("INSERT INTO payments (invoice_id, amount) VALUES (%s, 2)", (invoice_id,))
+    await drain_outbox(pool, 100)
+    bodies = [json.loads(b) for (b,) in conn.execute(
+        "SELECT body FROM webhooks.events ORDER BY id").fetchall()]
+    assert [b["event"]["name"] for b in bodies] == ["invoice.create", "payment.create"]
+    invoice, payment = bodies
+    assert set(invoice) == {"event", "resource"}
+    assert set(invoice["event"]) == {"id", "name", "resource", "resource_id", "user_id",
+                                     "occurred_at"}
+    assert payment["event"]["parent"] == {"resource": "invoices", "resource_id": invoice_id}
+    assert payment["resource"]["invoice_id"] == invoice_id
+    assert "card_token" not in payment["resource"]
+
+
+async def test_unwanted_events_leave_the_hot_tables(pool: AsyncConnectionPool,
+                                                    conn: psycopg.Connection) -> None:
+    sid, _ = subscribe(conn, "http://a.example/")
+    add_invoice(conn, "U1")
+    # Deactivated after the change was captured but before fan-out.
+    conn.execute("UPDATE webhooks.subscriptions SET active = false WHERE id = %s", (sid,))
+    assert count(conn, "outbox") == 1
+    assert await drain_outbox(pool, 100) == 0
+    assert (count(conn, "outbox"), count(conn, "events"), count(conn, "deliveries")) == (
+        0, 0, 0)
+
+
+async def test_batches_in_event_order(pool: AsyncConnectionPool,
+                                      conn: psycopg.Connection) -> None:
+    subscribe(conn, "http://a.example/")
+    conn.execute("INSERT INTO invoices (number, customer, amount)"
+                 " SELECT 'O' || g, 'c', 1 FROM generate_series(1, 250) g")
+    first = await fan_out_batch(pool, 100)
+    assert (first.locked, first.taken, first.created) == (True, 100, 100)
+    assert await drain_outbox(pool, 100) == 150
+    rows = conn.execute("SELECT d.event_id FROM webhooks.deliveries d ORDER BY d.id").fetchall()
+    event_ids = [r[0] for r in rows]
+    assert event_ids == sorted(event_ids) and len(event_ids) == 250
+
+
+async def test_one_worker_fans_out_at_a_time(pool: AsyncConnectionPool, db_url: str,
+                                             conn: psycopg.Connection) -> None:
+    subscribe(conn, "http://a.example/")
+    add_invoice(conn, "L1")
+    with psycopg.connect(db_url) as other, other.transaction():
+        other.execute("SELECT pg_advisory_xact_lock(%s)", (FANOUT_LOCK,))
+        busy = await fan_out_batch(pool, 100)
+        assert (busy.locked, busy.taken) == (False, 0)
+    assert await drain_outbox(pool, 100) == 1
