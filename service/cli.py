@@ -106,6 +106,21 @@ def cmd_token(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_secrets(args: argparse.Namespace) -> int:
+    from service.crypto import SecretsError, new_key, reseal_all
+
+    if args.secrets_command == "keygen":
+        print(new_key())
+        return 0
+    with psycopg.connect(_settings().database_url, autocommit=True) as conn:
+        try:
+            changed, total = reseal_all(conn, _settings().encryption_key)
+        except SecretsError as exc:
+            raise SystemExit(f"webhooks secrets encrypt: {exc}") from None
+    print(f"re-sealed {changed} of {total} subscription secrets")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every command."""
     parser = argparse.ArgumentParser(
@@ -169,6 +184,20 @@ def build_parser() -> argparse.ArgumentParser:
                                    "oldest pending age, recent failures, outbox backlog.")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("secrets", help="subscription secrets at rest",
+                       description="Subscription secrets are stored Fernet-encrypted when "
+                                   "WEBHOOKS_ENCRYPTION_KEY is set.")
+    ssub = p.add_subparsers(dest="secrets_command", required=True, metavar="ACTION")
+    s = ssub.add_parser("keygen", help="print a new key for WEBHOOKS_ENCRYPTION_KEY",
+                        description="Print a new Fernet key.")
+    s.set_defaults(func=cmd_secrets)
+    s = ssub.add_parser("encrypt", help="re-store every secret under the current key",
+                        description="Encrypt every stored secret with the first key of "
+                                    "WEBHOOKS_ENCRYPTION_KEY, with progress (after setting "
+                                    "the key, or after putting a new key first to rotate); "
+                                    "safe to run while serving.")
+    s.set_defaults(func=cmd_secrets)
 
     p = sub.add_parser("token", help="create, list or revoke API tokens",
                        description="Manage API tokens. Tokens are stored only as hashes.")

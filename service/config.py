@@ -75,6 +75,7 @@ class Settings:
     log_level: str = "INFO"
     shutdown_grace: float = 10.0
     retention: float = 7 * 86400.0
+    encryption_key: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -119,6 +120,14 @@ class Settings:
                 if number != int(number):
                     raise ConfigError(f"{name} must be a whole number, not {v!r}")
                 kwargs[attr] = int(number)
+        if (v := get("WEBHOOKS_ENCRYPTION_KEY")) is not None:
+            from service.crypto import SecretBox
+
+            try:
+                SecretBox(v)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+            kwargs["encryption_key"] = v
         if (v := get("WEBHOOKS_LOG_FORMAT")) is not None:
             if v not in ("text", "json"):
                 raise ConfigError(f"WEBHOOKS_LOG_FORMAT must be text or json, not {v!r}")
