@@ -46,5 +46,8 @@ bench: install ## the benchmark suite against a private database: one table, ben
 bench-quick: install ## a short benchmark run (under two minutes)
 	$(DEVDB) -- $(BIN)/python -m bench.run --quick $(BENCH_ARGS)
 
+chaos: install ## kill workers, restart Postgres, cut LISTEN: prove nothing is lost (own cluster)
+	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
+
 clean: ## remove the virtualenv and caches (keeps .pgdata)
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pgdata-chaos .pytest_cache .mypy_cache .ruff_cache

@@ -97,13 +97,19 @@ def start(datadir: Path, port: int = PRIVATE_PORT) -> bool:
     return True
 
 
-def stop(datadir: Path) -> None:
-    """Stops the cluster (fast shutdown) if it runs."""
+def stop(datadir: Path, mode: str = "fast") -> None:
+    """Stops the cluster if it runs (`mode`: smart, fast or immediate, as pg_ctl has them)."""
     datadir = datadir.resolve()
     if not (datadir / "postmaster.pid").exists():
         return
     print("devdb: stopping PostgreSQL", file=sys.stderr)
-    _run([str(bindir() / "pg_ctl"), "-D", str(datadir), "-m", "fast", "-w", "stop"])
+    _run([str(bindir() / "pg_ctl"), "-D", str(datadir), "-m", mode, "-w", "stop"])
+
+
+def restart(datadir: Path, port: int = PRIVATE_PORT, mode: str = "fast") -> None:
+    """Stops and starts the cluster again, on the same port."""
+    stop(datadir, mode)
+    start(datadir, port)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
