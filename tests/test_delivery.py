@@ -13,6 +13,7 @@ from psycopg_pool import AsyncConnectionPool
 from service.db import make_pool, query
 from service.delivery import Claim, Outcome, claim, record, release
 from service.fanout import drain_outbox
+from service.worker import prune
 from tests.test_worker_helpers import subscribe
 
 
@@ -135,3 +136,16 @@ def test_claim_uses_the_due_index(conn: psycopg.Connection) -> None:
     with conn.cursor() as cur:
         plan = cur.execute(b"EXPLAIN " + query("claim").encode(), params).fetchall()
     assert any("deliveries_due_idx" in line for (line,) in plan)
+
+
+async def test_prune_removes_only_finished_work_past_retention(
+        pool: AsyncConnectionPool, conn: psycopg.Connection) -> None:
+    await queue(pool, conn, 3)
+    done, failed, _ = await take(pool, 3)
+    await record(pool, [outcome(done, 200, "succeeded"), outcome(failed, 500, "failed")])
+    assert await prune(pool, retention=3600.0) == 0  # all too young
+    assert await prune(pool, retention=0.0) == 4  # two deliveries, their two events
+    rows = conn.execute("SELECT status FROM webhooks.deliveries").fetchall()
+    assert rows == [("pending",)]
+    assert conn.execute("SELECT count(*) FROM webhooks.events").fetchone() == (1,)
+    assert conn.execute("SELECT count(*) FROM webhooks.attempts").fetchone() == (0,)
