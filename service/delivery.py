@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import httpx
@@ -36,7 +36,7 @@ class Claim:
     subscription_id: int
     active: bool
     target: str
-    secret: str
+    secret: str = field(repr=False)  # as stored: maybe encrypted, never logged
     event: str
     body: str
     due: datetime
@@ -80,11 +80,15 @@ async def claim(pool: AsyncConnectionPool, *, limit: int, per_target: int,
     return sorted((c for c in rows if c.active), key=lambda c: (c.due, c.id))
 
 
-async def send(client: httpx.AsyncClient, c: Claim, settings: Settings) -> Outcome:
-    """Makes one signed POST attempt of the claimed delivery and decides what happens next."""
+async def send(client: httpx.AsyncClient, c: Claim, secret: str, settings: Settings
+               ) -> Outcome:
+    """Makes one POST attempt of the claimed delivery, signed with `secret` (the plain one).
+
+    Returns the attempt's outcome: what the delivery becomes and when it is retried.
+    """
     body = c.body.encode()
     now = time.time()
-    headers = signed_headers(c.secret, message_id(c.id), int(now), body)
+    headers = signed_headers(secret, message_id(c.id), int(now), body)
     attempted_at = datetime.fromtimestamp(now, UTC)
     started = time.perf_counter()
     status = 0
@@ -110,7 +114,13 @@ async def send(client: httpx.AsyncClient, c: Claim, settings: Settings) -> Outco
     duration_ms = (time.perf_counter() - started) * 1000.0
     if error is not None:
         error = redact(error)
+    return decide(c, settings, status=status, retry_after=retry_after,
+                  attempted_at=attempted_at, duration_ms=duration_ms, error=error)
 
+
+def decide(c: Claim, settings: Settings, *, status: int, retry_after: str | None,
+           attempted_at: datetime, duration_ms: float, error: str | None) -> Outcome:
+    """The outcome of an attempt that got `status` (0: no response), logged."""
     if 200 <= status < 300:
         outcome, retry_in = "succeeded", 0.0
     elif status == 410:

@@ -14,6 +14,7 @@ import random
 import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import httpx
 import psycopg
@@ -21,6 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from service import delivery
 from service.config import Settings
+from service.crypto import SecretBox, SecretsError
 from service.db import make_pool, query
 from service.delivery import Claim, Recorder
 from service.fanout import drain_outbox
@@ -34,6 +36,8 @@ PRUNE_EVERY = 60.0
 PRUNE_BATCH = 1000
 # Shortest sleep when work is due but could not be claimed (locked by another worker).
 MIN_WAIT = 0.01
+# Plain secrets kept in memory at most, keyed by their stored (maybe encrypted) form.
+SECRET_CACHE = 10_000
 
 
 @dataclass
@@ -65,6 +69,8 @@ class Worker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._per_sub: dict[int, int] = {}
         self._recorder = Recorder(pool)
+        self._box = SecretBox(settings.encryption_key)
+        self._secrets: dict[str, str] = {}
         self.listener = Listener(settings.database_url, self._wake.set)
         self._main: asyncio.Task[None] | None = None
 
@@ -158,9 +164,26 @@ class Worker:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _open_secret(self, stored: str) -> str:
+        # Decrypting is far slower than signing: keep each subscription's plain secret.
+        secret = self._secrets.get(stored)
+        if secret is None:
+            if len(self._secrets) >= SECRET_CACHE:
+                self._secrets.clear()
+            secret = self._secrets[stored] = self._box.open(stored)
+        return secret
+
     async def _deliver(self, c: Claim) -> None:
         try:
-            outcome = await delivery.send(self._client, c, self.settings)
+            try:
+                secret = self._open_secret(c.secret)
+            except SecretsError as exc:
+                # Never send unsigned: fail the attempt; a fixed key lets a retry through.
+                outcome = delivery.decide(c, self.settings, status=0, retry_after=None,
+                                          attempted_at=datetime.now(UTC), duration_ms=0.0,
+                                          error=str(exc))
+            else:
+                outcome = await delivery.send(self._client, c, secret, self.settings)
             self._recorder.add(outcome)
             del self._inflight[c.id]
             if outcome.outcome == "succeeded":

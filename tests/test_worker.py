@@ -13,6 +13,7 @@ import psycopg
 import pytest
 from standardwebhooks import Webhook
 
+from service.crypto import SecretBox, new_key
 from service.http import USER_AGENT
 from tests.receivers import Receiver
 from tests.test_worker_helpers import add_invoice, numbers, payloads, running_worker, subscribe
@@ -152,3 +153,32 @@ async def test_tenant_scoped_subscription_gets_only_its_tenant(
                                                           "OTHER-1", "OTHER-2"]
     finally:
         await everyone.stop()
+
+
+async def test_encrypted_secret_signs_with_the_plain_one(
+        db_url: str, conn: psycopg.Connection, receiver: Receiver) -> None:
+    key = new_key()
+    sid, secret = subscribe(conn, receiver.url)
+    conn.execute("UPDATE webhooks.subscriptions SET secret = %s WHERE id = %s",
+                 (SecretBox(key).seal(secret), sid))
+    async with running_worker(db_url, encryption_key=key):
+        add_invoice(conn, "SEALED")
+        await receiver.wait_for(lambda r: len(r.deliveries()) == 1)
+    Webhook(secret).verify(receiver.deliveries()[0].body, receiver.deliveries()[0].headers)
+
+
+async def test_undecryptable_secret_is_never_sent_unsigned(
+        db_url: str, conn: psycopg.Connection, receiver: Receiver) -> None:
+    sid, secret = subscribe(conn, receiver.url)
+    conn.execute("UPDATE webhooks.subscriptions SET secret = %s WHERE id = %s",
+                 (SecretBox(new_key()).seal(secret), sid))
+    async with running_worker(db_url, encryption_key=new_key(), retry_schedule=(60.0,)):
+        add_invoice(conn, "LOCKED")
+        deadline = asyncio.get_running_loop().time() + 10
+        while not conn.execute("SELECT count(*) FROM webhooks.attempts").fetchone()[0]:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.02)
+    assert receiver.received == []
+    last = conn.execute("SELECT last_status, last_failure_content"
+                        " FROM webhooks.subscriptions").fetchone()
+    assert last is not None and last[0] == 0 and "WEBHOOKS_ENCRYPTION_KEY" in last[1]
