@@ -223,7 +223,7 @@ async def create_webhook(
 
 
 @get("/webhooks/{webhook_id:str}", summary="Get a subscription",
-     responses=_errors(401, 404, 503))
+     responses=_errors(400, 401, 404, 503))
 async def get_webhook(webhook_id: IdPath, principal: PrincipalDep, pool: PoolDep) -> Subscription:
     """One of the caller's subscriptions."""
     number = _subscription_id(webhook_id)
@@ -295,7 +295,7 @@ async def update_webhook(
 
 
 @delete("/webhooks/{webhook_id:str}", summary="Delete a subscription and its pending deliveries",
-        status_code=204, responses=_errors(401, 404, 503))
+        status_code=204, responses=_errors(400, 401, 404, 503))
 async def delete_webhook(webhook_id: IdPath, principal: PrincipalDep, pool: PoolDep) -> None:
     """Deletes the subscription; its queued deliveries go with it."""
     number = _subscription_id(webhook_id)

@@ -17,7 +17,6 @@ from litestar.openapi.spec import (
     OpenAPIMediaType,
     OpenAPIType,
     Operation,
-    Reference,
     RequestBody,
     Schema,
     SecurityScheme,
@@ -181,6 +180,7 @@ def parse_active(text: str | None) -> bool | None:
 # OpenAPI: the request bodies are parsed by hand above, so their schemas are declared here.
 _STRING = Schema(type=OpenAPIType.STRING)
 CREATE_SCHEMA = Schema(
+    title="CreateSubscription",
     type=OpenAPIType.OBJECT,
     required=["resource", "events", "target"],
     additional_properties=False,
@@ -199,6 +199,7 @@ CREATE_SCHEMA = Schema(
     },
 )
 UPDATE_SCHEMA = Schema(
+    title="UpdateSubscription",
     type=OpenAPIType.OBJECT,
     required=["active"],
     additional_properties=False,
@@ -218,19 +219,16 @@ UPDATE_SCHEMA = Schema(
     },
 )
 REQUEST_COMPONENTS = Components(
-    schemas={"CreateSubscription": CREATE_SCHEMA, "UpdateSubscription": UPDATE_SCHEMA},
     security_schemes={"BearerToken": SecurityScheme(
         type="http", scheme="bearer",
         description="an API token from `webhooks token create`")},
 )
 
 
-def _body(name: str) -> RequestBody:
-    return RequestBody(
-        required=True,
-        content={"application/json": OpenAPIMediaType(
-            schema=Reference(ref=f"#/components/schemas/{name}"))},
-    )
+def _body(schema: Schema) -> RequestBody:
+    # Inline: Litestar rebuilds components/schemas from its own registry, dropping others.
+    return RequestBody(required=True,
+                       content={"application/json": OpenAPIMediaType(schema=schema)})
 
 
 @dataclass
@@ -238,7 +236,7 @@ class CreateOperation(Operation):
     """An OpenAPI operation whose request body is CreateSubscription."""
 
     def __post_init__(self) -> None:
-        self.request_body = _body("CreateSubscription")
+        self.request_body = _body(CREATE_SCHEMA)
 
 
 @dataclass
@@ -246,4 +244,4 @@ class UpdateOperation(Operation):
     """An OpenAPI operation whose request body is UpdateSubscription."""
 
     def __post_init__(self) -> None:
-        self.request_body = _body("UpdateSubscription")
+        self.request_body = _body(UPDATE_SCHEMA)

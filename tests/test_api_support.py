@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import psycopg
 import uvicorn
+from litestar import Litestar
 
 from service import tokens
 from service.api import create_app
@@ -21,9 +22,10 @@ from tests.receivers import Receiver
 
 
 @contextlib.asynccontextmanager
-async def serving(settings: Settings, **kwargs: Any) -> AsyncIterator[str]:
-    """The app served on a free loopback port; yields its base URL."""
-    app = create_app(settings, **kwargs)
+async def serving(settings: Settings, app: Litestar | None = None, **kwargs: Any
+                  ) -> AsyncIterator[str]:
+    """The app (default: create_app(settings, **kwargs)) on a free loopback port; yields its URL."""
+    app = app or create_app(settings, **kwargs)
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None,
                             access_log=False, lifespan="on")
     server = uvicorn.Server(config)
