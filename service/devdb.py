@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -148,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             started = start(Path(args.datadir), args.port)
             env["DATABASE_URL"] = private_url(args.port)
     proc = subprocess.Popen(cmd, env=env)
+    # SIGTERM (not only Ctrl-C) ends the command first, then the cluster we started.
+    signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
     try:
         while True:
             try:

@@ -13,7 +13,8 @@ import sys
 from datetime import UTC, datetime
 
 _SECRETS = re.compile(r"(whsec_|wht_)[A-Za-z0-9+/=_-]+")
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message"}
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
+    "message", "color_message"}
 
 
 def redact(text: str) -> str:
@@ -64,5 +65,5 @@ def setup_logging(fmt: str = "text", level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    for noisy in ("httpx", "httpcore", "psycopg.pool", "uvicorn.access"):
+    for noisy in ("httpx", "httpcore", "uvicorn.access", "yoyo"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
