@@ -71,7 +71,11 @@ class Worker:
         self._recorder = Recorder(pool)
         self._box = SecretBox(settings.encryption_key)
         self._secrets: dict[str, str] = {}
-        self.listener = Listener(settings.database_url, self._wake.set)
+        self.listener = Listener(settings.database_url, self._notified)
+        # Fan-out runs when a NOTIFY came or the poll interval passed, not on every wake:
+        # under load most wakes are finished deliveries freeing a slot.
+        self._outbox_due = True
+        self._last_fanout = 0.0
         self._main: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -86,7 +90,11 @@ class Worker:
             await self._main
 
     def wake(self) -> None:
-        """Makes the loop look for work now."""
+        """Makes the loop look for work (outbox included) now."""
+        self._notified()
+
+    def _notified(self) -> None:
+        self._outbox_due = True
         self._wake.set()
 
     async def run(self) -> None:
@@ -128,7 +136,16 @@ class Worker:
             await self._wait(wait)
 
     async def _step(self) -> float:
-        self.stats.fanned_out += await drain_outbox(self._pool, self.settings.batch_size)
+        loop = asyncio.get_running_loop()
+        if self._outbox_due or loop.time() - self._last_fanout >= self.settings.poll_interval:
+            self._outbox_due = False
+            self._last_fanout = loop.time()
+            try:
+                self.stats.fanned_out += await drain_outbox(self._pool,
+                                                            self.settings.batch_size)
+            except BaseException:
+                self._outbox_due = True
+                raise
         free = self.concurrency - len(self._inflight)
         if free <= 0:
             return self.settings.poll_interval  # a finishing task wakes us
