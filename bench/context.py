@@ -1,0 +1,160 @@
+"""The run's shared state: the bench database, the receiver process, worker processes and
+the raw-client limits (measured once per run, reused by the scenarios that compare to them)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.common import PYTHON, Proc, Procs, peak_rss_mb, wait_until
+from bench.receiver import read_port
+
+# The worker's settings in every scenario unless one overrides them. A short shutdown
+# grace keeps the run moving when deliveries hang; logs stay at the service's default.
+WORKER_ENV = {
+    "WEBHOOKS_ALLOW_PRIVATE_TARGETS": "true",
+    "WEBHOOKS_SHUTDOWN_GRACE": "1",
+    "WEBHOOKS_LOG_LEVEL": "INFO",  # the default; start_worker waits for "worker started"
+}
+
+
+@dataclass
+class Context:
+    """What a scenario gets: where the database and the receiver are, and how long to run."""
+
+    url: str
+    quick: bool
+    procs: Procs
+    receiver: Proc | None = None
+    port: int = 0
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    # -- the receiver ------------------------------------------------------------------
+
+    def start_receiver(self) -> None:
+        """Starts the receiver process and learns its port."""
+        self.receiver = self.procs.start("receiver", [PYTHON, "-m", "bench.receiver"],
+                                         stdout_pipe=True)
+        assert self.receiver.popen.stdout is not None
+        self.port = read_port(self.receiver.popen.stdout)
+
+    def target(self, group: str, i: int = 0) -> str:
+        """The receiver URL of path group `group` (distinct per `i`)."""
+        return f"http://127.0.0.1:{self.port}/{group}/{i}"
+
+    def _get(self, path: str, method: str = "GET") -> Any:
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method)
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            data = resp.read()
+        return json.loads(data) if path.startswith("/stats") else None
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Receipts per path group: count, first and last (wall-clock seconds)."""
+        result: dict[str, dict[str, float]] = self._get("/stats")
+        return result
+
+    def count(self, group: str) -> int:
+        """How many requests group `group` received since the last reset."""
+        return int(self.stats().get(group, {}).get("count", 0))
+
+    def times(self) -> list[tuple[int, float]]:
+        """(resource_id, receipt wall-clock time) of every /lat request."""
+        return [(int(i), float(t)) for i, t in self._get("/stats/times")]
+
+    def reset_receiver(self) -> None:
+        """Clears the receiver's counters."""
+        self._get("/reset", method="POST")
+
+    def wait_count(self, group: str, n: int, timeout: float, idle: float = 10.0) -> int:
+        """Waits until `group` has `n` receipts, `timeout` passes, or nothing arrives for
+        `idle` seconds; returns the count reached."""
+        deadline = time.monotonic() + timeout
+        last, last_change = -1, time.monotonic()
+        while time.monotonic() < deadline:
+            got = self.count(group)
+            if got >= n:
+                return got
+            if got != last:
+                last, last_change = got, time.monotonic()
+            elif time.monotonic() - last_change > idle:
+                break
+            time.sleep(0.05)
+        return self.count(group)
+
+    # -- workers -----------------------------------------------------------------------
+
+    def start_worker(self, **env: str) -> Proc:
+        """Starts `webhooks worker` on the bench database and waits until it listens."""
+        proc = self.procs.start(
+            "worker", [PYTHON, "-m", "service", "worker"],
+            env={"DATABASE_URL": self.url, **WORKER_ENV, **env})
+        # The worker logs "worker started" once its loop runs; give imports time.
+        ok = wait_until(lambda: not proc.alive() or "worker started" in _read(proc), 20)
+        if not proc.alive() or not ok:
+            tail = proc.tail()
+            self.procs.stop(proc)
+            raise RuntimeError(f"the worker did not start: {tail or 'no output'}")
+        return proc
+
+    @contextmanager
+    def worker(self, **env: str) -> Iterator[Proc]:
+        """A running worker, stopped (and checked for a crash) when the block ends."""
+        proc = self.start_worker(**env)
+        try:
+            yield proc
+            if not proc.alive():
+                raise RuntimeError(f"the worker exited: {proc.tail()}")
+        finally:
+            self.procs.stop(proc)
+
+    def rss_mb(self, proc: Proc) -> float | None:
+        """The peak RSS of a running process, in MB."""
+        return peak_rss_mb(proc.pid)
+
+    # -- the raw client ----------------------------------------------------------------
+
+    def raw(self, mode: str, *args: str, timeout: float = 60.0) -> dict[str, Any]:
+        """Runs one bench.rawclient measurement in its own process; returns its JSON."""
+        argv = [PYTHON, "-m", "bench.rawclient", mode, *args]
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                                 start_new_session=True)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"raw client {mode} timed out after {timeout:g}s") from None
+        if out.returncode != 0:
+            tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"raw client {mode} failed: {tail}")
+        result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+        return result
+
+    def raw_rate(self) -> tuple[float, str]:
+        """The best aiohttp POST rate to the receiver (concurrency 16/32/64, asyncio and
+        uvloop), measured once per run; returns (rate, description of the best)."""
+        if "raw_rate" not in self.cache:
+            seconds = "1" if self.quick else "3"
+            best = (0.0, "")
+            rates: dict[str, float] = {}
+            for loop in ("asyncio", "uvloop"):
+                for c in (16, 32, 64):
+                    r = self.raw("rate", "--url", self.target("raw"), "--lib", "aiohttp",
+                                 "--loop", loop, "--concurrency", str(c),
+                                 "--duration", seconds)["rate"]
+                    rates[f"{loop}/c{c}"] = r
+                    best = max(best, (r, f"aiohttp {loop} c={c}"))
+            self.cache["raw_rate"] = best
+            self.cache["raw_rates"] = rates
+        rate, desc = self.cache["raw_rate"]
+        return float(rate), str(desc)
+
+
+def _read(proc: Proc) -> str:
+    try:
+        return proc.log.read_text(errors="replace")
+    except OSError:
+        return ""

@@ -1,0 +1,155 @@
+"""The outputs of a run: the printed table, bench/results.json and bench/README.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.common import Result
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results.json"
+README = HERE / "README.md"
+HEADERS = ("scenario", "service", "limit", "ratio", "unit", "target", "result")
+
+
+def _num(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit in ("ms", "s") or abs(value) < 100:
+        return f"{value:.2f}" if abs(value) < 10 else f"{value:.1f}"
+    return f"{value:,.0f}"
+
+
+def rows(results: Sequence[Result]) -> list[tuple[str, ...]]:
+    """The table's cells, one tuple per result."""
+    out: list[tuple[str, ...]] = []
+    for r in results:
+        if r.error:
+            out.append((r.name, "error: " + r.error, "", "", "", "", "error"))
+            continue
+        verdict = "info" if r.target == "info" else {True: "pass", False: "MISS",
+                                                     None: "-"}[r.met]
+        out.append((r.name, _num(r.service, r.unit), _num(r.limit, r.unit),
+                    "-" if r.ratio is None else f"{r.ratio:.2f}", r.unit, r.target, verdict))
+    return out
+
+
+def text_table(results: Sequence[Result]) -> str:
+    """The table printed at the end of a run (long error texts are not truncated)."""
+    body = rows(results)
+    widths = [max(len(h), *(len(row[i]) for row in body if row[6] != "error" or i == 0))
+              if body else len(h) for i, h in enumerate(HEADERS)]
+    widths[1] = max(widths[1], 8)
+
+    def line(cells: Sequence[str]) -> str:
+        if cells[6] == "error":
+            return f"{cells[0]:<{widths[0]}}  {cells[1]}"
+        return "  ".join(c.ljust(w) if i in (0, 4, 5, 6) else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+
+    sep = "  ".join("-" * w for w in widths)
+    return "\n".join([line(HEADERS), sep, *(line(r) for r in body)])
+
+
+def markdown_table(results: Sequence[Result]) -> str:
+    """The table as GitHub markdown, with the notes as a last column."""
+    lines = ["| " + " | ".join((*HEADERS, "notes")) + " |",
+             "|" + "---|" * (len(HEADERS) + 1)]
+    for r, cells in zip(results, rows(results), strict=True):
+        notes = (r.notes or "").replace("|", "\\|")
+        lines.append("| " + " | ".join((*(c.replace("|", "\\|") for c in cells), notes))
+                     + " |")
+    return "\n".join(lines)
+
+
+def machine(url: str) -> dict[str, str]:
+    """CPU model, cores, memory, PostgreSQL, Python and tool versions of this run."""
+    info: dict[str, str] = {"cpu": platform.processor() or platform.machine()}
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+        m = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.MULTILINE)
+        if m:
+            info["cpu"] = m.group(1).strip()
+    except OSError:
+        pass
+    info["cores"] = str(os.cpu_count() or "?")
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+        m = re.search(r"^MemTotal:\s*(\d+) kB", meminfo, re.MULTILINE)
+        if m:
+            info["memory"] = f"{int(m.group(1)) / 2**20:.1f} GiB"
+    except OSError:
+        pass
+    try:
+        with psycopg.connect(url, connect_timeout=5) as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+            info["postgresql"] = str(row[0]) if row else "?"
+    except psycopg.Error as exc:
+        info["postgresql"] = f"unknown ({exc.__class__.__name__})"
+    info["python"] = platform.python_version()
+    info["os"] = platform.platform()
+    if shutil.which("wrk"):
+        out = subprocess.run(["wrk", "--version"], capture_output=True, text=True, timeout=5)
+        info["wrk"] = (out.stdout or out.stderr).split("[")[0].strip() or "installed"
+    else:
+        info["wrk"] = "not installed (Python load generator used)"
+    return info
+
+
+def load_previous() -> list[dict[str, Any]]:
+    """The results.json of the last run (empty when missing or unreadable)."""
+    try:
+        data = json.loads(RESULTS.read_text())
+    except (OSError, ValueError):
+        return []
+    return data if isinstance(data, list) else []
+
+
+def write_results(entries: list[dict[str, Any]]) -> None:
+    """Writes bench/results.json."""
+    RESULTS.write_text(json.dumps(entries, indent=2, ensure_ascii=False) + "\n")
+
+
+def write_readme(results: Sequence[Result], info: dict[str, str], command: str,
+                 when: str, quick: bool) -> None:
+    """Writes bench/README.md: what is measured, the table, the machine, how to reproduce."""
+    intro = (HERE / "README.intro.md").read_text().strip()
+    kind = "quick run (`--quick`: shorter runs, smaller counts)" if quick else "full run"
+    machine_lines = "\n".join(f"- {k}: {v}" for k, v in info.items())
+    README.write_text(f"""{intro}
+
+## Latest results
+
+{kind}, {when}, command: `{command}`
+
+{markdown_table(results)}
+
+## Machine
+
+{machine_lines}
+
+The API scenario and the receiver share the machine's cores with PostgreSQL and the
+load generators, as on a small production host; figures from a loaded machine (other
+processes running) understate the service and its limits alike, which is why every
+target is a ratio to a limit measured in the same run, or an absolute bound.
+
+## Reproduce
+
+```sh
+make bench          # the whole suite, a few minutes
+make bench-quick    # under two minutes
+.venv/bin/python -m service.devdb exec -- .venv/bin/python -m bench.run --only capture,latency
+```
+
+Findings and profiles: [FINDINGS.md](FINDINGS.md).
+""")

@@ -1,0 +1,151 @@
+"""`python -m bench.run [--quick] [--only NAME,...]`: the benchmark suite.
+
+Creates a fresh database (webhooks_bench) on the server of DATABASE_URL, migrates it,
+starts the receiver, runs the scenarios in order, prints one table and writes
+bench/results.json and bench/README.md. A scenario that fails prints its error in its
+row and the suite goes on; every process the run started is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from types import FrameType
+from typing import Any
+
+from bench import api, capture, delivery, report, resilience
+from bench.common import BENCH_DB, Procs, Result, drop_database, error_result, recreate_database
+from bench.context import Context
+
+Scenario = Callable[[Context], list[Result]]
+SCENARIOS: dict[str, Scenario] = {
+    "capture": capture.scenario,
+    "throughput": delivery.throughput,
+    "latency": delivery.latency,
+    "fanout": delivery.fanout,
+    "backlog": resilience.backlog,
+    "isolation": resilience.isolation,
+    "api": api.scenario,
+}
+NEEDS_RECEIVER = set(SCENARIOS) - {"capture"}
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
+    parser.add_argument("--quick", action="store_true",
+                        help="shorter runs and smaller counts (the whole suite in < 2 min)")
+    parser.add_argument("--only", default="",
+                        help="comma-separated scenarios: " + ",".join(SCENARIOS))
+    parser.add_argument("--keep-db", action="store_true",
+                        help="keep the webhooks_bench database afterwards, for inspection")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.only.split(",") if n.strip()] or list(SCENARIOS)
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        parser.error(f"unknown scenario(s) {', '.join(unknown)}; choose from "
+                     + ", ".join(SCENARIOS))
+    args.names = names
+    return args
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    # SIGTERM unwinds like Ctrl-C, so the finally blocks stop every child process.
+    raise KeyboardInterrupt
+
+
+def run_scenarios(ctx: Context, names: Sequence[str]) -> list[tuple[str, Result]]:
+    """Runs each scenario, failing soft; returns (scenario, result) pairs in order."""
+    out: list[tuple[str, Result]] = []
+    for name in names:
+        started = time.monotonic()
+        print(f"bench: {name} ...", file=sys.stderr, flush=True)
+        try:
+            if name in NEEDS_RECEIVER and ctx.receiver is None:
+                ctx.start_receiver()
+            results = SCENARIOS[name](ctx)
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:
+            if os.environ.get("BENCH_DEBUG"):
+                traceback.print_exc()
+            results = [error_result(name, exc)]
+        finally:
+            # A scenario leaves no worker or API behind, even when it failed.
+            for proc in list(ctx.procs.running):
+                if proc is not ctx.receiver:
+                    ctx.procs.stop(proc)
+        print(f"bench: {name} done in {time.monotonic() - started:.1f}s", file=sys.stderr,
+              flush=True)
+        out += [(name, r) for r in results]
+    return out
+
+
+def merge(previous: list[dict[str, Any]], ran: Sequence[str],
+          new: Sequence[tuple[str, Result]]) -> list[dict[str, Any]]:
+    """results.json after an --only run: earlier entries of the scenarios not run stay."""
+    fresh = [{"scenario": s, **r.as_json()} for s, r in new]
+    kept = [e for e in previous if e.get("scenario") not in ran]
+    order = list(SCENARIOS)
+    merged = kept + fresh
+    merged.sort(key=lambda e: order.index(e["scenario"]) if e.get("scenario") in order
+                else len(order))
+    return merged
+
+
+def from_json(entry: dict[str, Any]) -> Result:
+    """A Result back from a results.json entry."""
+    fields = {k: entry.get(k) for k in ("name", "service", "limit", "unit", "target", "met",
+                                        "ratio", "notes", "error")}
+    fields["notes"] = fields["notes"] or ""
+    return Result(**fields)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the suite; exit status 0 even when targets are missed (it is not a test)."""
+    args = parse_args(argv)
+    admin_url = os.environ.get("DATABASE_URL")
+    if not admin_url:
+        print("bench: DATABASE_URL is not set; run `make bench` (which starts a private "
+              "cluster) or set it", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _terminate)
+    started = time.monotonic()
+    procs = Procs()
+    url = recreate_database(admin_url, BENCH_DB)
+    try:
+        from service.db import migrate
+
+        migrate(url)
+        ctx = Context(url=url, quick=args.quick, procs=procs)
+        results = run_scenarios(ctx, args.names)
+        info = report.machine(url)
+    finally:
+        procs.stop_all()
+        if not args.keep_db:
+            drop_database(admin_url, BENCH_DB)
+
+    table = report.text_table([r for _, r in results])
+    print(table)
+    entries = merge(report.load_previous(), args.names, results)
+    report.write_results(entries)
+    command = "make bench-quick" if args.quick else "make bench"
+    if len(args.names) < len(SCENARIOS):
+        command = "python -m bench.run " + shlex.join(
+            (["--quick"] if args.quick else []) + ["--only", ",".join(args.names)])
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    report.write_readme([from_json(e) for e in entries], info, command, when, args.quick)
+    print(f"\nbench: {len(results)} rows in {time.monotonic() - started:.0f}s; wrote "
+          f"bench/results.json and bench/README.md", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
