@@ -7,6 +7,7 @@ from where dependency injection hands them to the handlers.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -53,6 +54,7 @@ from service.api_models import (
     to_subscription,
 )
 from service.config import Settings
+from service.crypto import SecretBox
 from service.handshake import HandshakeFailed, new_secret, verify
 from service.http import make_client
 from service.ssrf import TargetRejected, check_target
@@ -64,6 +66,7 @@ PoolDep = NamedDependency[Pool]
 PrincipalDep = NamedDependency[Principal]
 ClientDep = NamedDependency[httpx.AsyncClient]
 SettingsDep = NamedDependency[Settings]
+BoxDep = NamedDependency[SecretBox]
 
 CREATE_FIELDS = ("resource", "events", "target")
 UPDATE_FIELDS = ("active", "id", "resource", "events", "target", "last_status",
@@ -101,6 +104,12 @@ def provide_settings(state: State) -> Settings:
     """The app's settings."""
     settings: Settings = state.settings
     return settings
+
+
+def provide_box(state: State) -> SecretBox:
+    """What seals secrets before they are stored (encrypted when a key is configured)."""
+    box: SecretBox = state.box
+    return box
 
 
 async def provide_principal(request: Request[Any, Any, Any], pool: PoolDep) -> Principal:
@@ -200,6 +209,7 @@ async def create_webhook(
     pool: PoolDep,
     client: ClientDep,
     settings: SettingsDep,
+    box: BoxDep,
 ) -> Subscription:
     """Validates resource, events and target, verifies the target, stores the subscription."""
     body = parse_object(await request.body())
@@ -207,9 +217,14 @@ async def create_webhook(
     resource, text, target = (string_field(body, name) for name in CREATE_FIELDS)
     names = await _canonical_events(pool, resource, text)
     try:
-        await check_target(target, settings.allow_private_targets)
+        # Name resolution has no timeout of its own; a hanging resolver must not hang us.
+        async with asyncio.timeout(settings.verify_timeout):
+            await check_target(target, settings.allow_private_targets)
     except TargetRejected as exc:
         raise ApiError(400, str(exc)) from None
+    except TimeoutError:
+        raise ApiError(400, f"target host did not resolve within {settings.verify_timeout:g} "
+                            "seconds") from None
     # No connection is held here: the handshake may take the whole verify timeout.
     secret = new_secret()
     try:
@@ -218,7 +233,7 @@ async def create_webhook(
         raise ApiError(400, f"target verification failed: {exc}") from None
     rows = await _fetch(pool, "api_subscription_insert", {
         "owner": principal.owner, "tenant": principal.tenant, "resource": resource,
-        "events": names, "target": target, "secret": secret})
+        "events": names, "target": target, "secret": box.seal(secret)})
     return to_subscription(rows[0])
 
 
@@ -369,8 +384,9 @@ def create_app(settings: Settings, pool: Pool | None = None) -> Litestar:
             "pool": Provide(provide_pool, sync_to_thread=False),
             "client": Provide(provide_client, sync_to_thread=False),
             "settings": Provide(provide_settings, sync_to_thread=False),
+            "box": Provide(provide_box, sync_to_thread=False),
         },
-        state=State({"settings": settings}),
+        state=State({"settings": settings, "box": SecretBox(settings.encryption_key)}),
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
         request_max_body_size=MAX_BODY_SIZE,

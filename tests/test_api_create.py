@@ -13,6 +13,7 @@ from aiohttp import web
 
 from service import db
 from service.config import Settings
+from service.crypto import SecretBox, new_key
 from tests.receivers import Received, Receiver, echo_secret, status
 from tests.test_api_support import Api, api_for, assert_error, serving
 from tests.test_handshake import closed_port
@@ -190,3 +191,14 @@ async def test_ssrf_guard_refuses_private_targets(db_url: str, target: str,
         message = assert_error(await post(api, body), 400, fragment)
         assert "verification" not in message  # refused before any request
         assert api.receiver.received == [] and stored(api) == 0
+
+
+async def test_secret_is_sealed_when_a_key_is_configured(db_url: str) -> None:
+    key = new_key()
+    async with api_for(db_url, encryption_key=key) as api:
+        created = await api.create()
+        sent = api.receiver.received[-1].headers["x-hook-secret"]
+        [(stored,)] = api.sql("SELECT secret FROM webhooks.subscriptions WHERE id = %s",
+                              created["id"])
+        assert stored.startswith("fernet:") and sent not in stored
+        assert SecretBox(key).open(stored) == sent
