@@ -103,11 +103,15 @@ class Settings:
             "WEBHOOKS_LEASE": ("lease", 1.0),
             "WEBHOOKS_RETRY_AFTER_CAP": ("retry_after_cap", 0.0),
             "WEBHOOKS_SHUTDOWN_GRACE": ("shutdown_grace", 0.0),
-            "WEBHOOKS_RETENTION": ("retention", 0.0),
         }
         for name, (attr, minimum) in numbers.items():
             if (v := get(name)) is not None:
                 kwargs[attr] = _number(name, v, minimum)
+        if (v := get("WEBHOOKS_RETENTION")) is not None:
+            try:
+                kwargs["retention"] = parse_duration(v)
+            except ConfigError as exc:
+                raise ConfigError(f"WEBHOOKS_RETENTION: {exc}") from None
         integers = {
             "WEBHOOKS_CONCURRENCY": "concurrency",
             "WEBHOOKS_PER_TARGET_CONCURRENCY": "per_target_concurrency",

@@ -9,17 +9,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-import httpx
+import aiohttp
 import psycopg
 from psycopg.rows import class_row
 from psycopg_pool import AsyncConnectionPool
+from yarl import URL
 
 from service.config import Settings
 from service.db import query
-from service.http import read_limited
+from service.http import check_literal
 from service.logs import redact
 from service.retry import next_delay
 from service.signing import message_id, signed_headers
+from service.ssrf import TargetRejected
 
 log = logging.getLogger("webhooks.delivery")
 
@@ -80,7 +82,7 @@ async def claim(pool: AsyncConnectionPool, *, limit: int, per_target: int,
     return sorted((c for c in rows if c.active), key=lambda c: (c.due, c.id))
 
 
-async def send(client: httpx.AsyncClient, c: Claim, secret: str, settings: Settings
+async def send(session: aiohttp.ClientSession, c: Claim, secret: str, settings: Settings
                ) -> Outcome:
     """Makes one POST attempt of the claimed delivery, signed with `secret` (the plain one).
 
@@ -95,21 +97,23 @@ async def send(client: httpx.AsyncClient, c: Claim, secret: str, settings: Setti
     error: str | None = None
     retry_after: str | None = None
     try:
-        # The client's timeouts are per read; this one bounds the whole attempt.
+        url = URL(c.target)
+        check_literal(url.host, settings.allow_private_targets)
+        # One bound for the whole attempt: connect, send, answer.
         async with asyncio.timeout(settings.delivery_timeout):
-            async with client.stream("POST", c.target, content=body,
-                                     headers=headers) as response:
-                status = response.status_code
-                retry_after = response.headers.get("retry-after")
+            async with session.post(url, data=body, headers=headers,
+                                    allow_redirects=False) as response:
+                status = response.status
+                retry_after = response.headers.get("Retry-After")
                 # Read a little even on success, so the connection can be reused.
-                text = await read_limited(response, BODY_LIMIT)
+                text = await response.content.read(BODY_LIMIT)
                 if not 200 <= status < 300:
                     error = text.decode("utf-8", errors="replace")
     except TimeoutError:
         status, error = 0, f"timed out after {settings.delivery_timeout:g}s"
-    except httpx.TimeoutException:
-        status, error = 0, f"timed out after {settings.delivery_timeout:g}s"
-    except (httpx.HTTPError, OSError) as exc:
+    except TargetRejected as exc:
+        status, error = 0, str(exc)
+    except (aiohttp.ClientError, OSError, ValueError) as exc:
         status, error = 0, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     duration_ms = (time.perf_counter() - started) * 1000.0
     if error is not None:

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-import httpx
+import aiohttp
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
@@ -26,7 +26,7 @@ from service.crypto import SecretBox, SecretsError
 from service.db import make_pool, query
 from service.delivery import Claim, Recorder
 from service.fanout import drain_outbox
-from service.http import make_client
+from service.http import make_session
 from service.listener import Listener
 
 log = logging.getLogger("webhooks.worker")
@@ -54,15 +54,15 @@ class WorkerStats:
 
 
 class Worker:
-    """Delivers webhooks with the given pool and HTTP client until stop() is called."""
+    """Delivers webhooks with the given pool and HTTP session until stop() is called."""
 
     def __init__(self, settings: Settings, pool: AsyncConnectionPool,
-                 client: httpx.AsyncClient, *, concurrency: int) -> None:
+                 session: aiohttp.ClientSession, *, concurrency: int) -> None:
         self.settings = settings
         self.concurrency = max(1, concurrency)
         self.stats = WorkerStats()
         self._pool = pool
-        self._client = client
+        self._session = session
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._inflight: dict[int, Claim] = {}  # claimed, outcome not yet handed over
@@ -200,7 +200,7 @@ class Worker:
                                           attempted_at=datetime.now(UTC), duration_ms=0.0,
                                           error=str(exc))
             else:
-                outcome = await delivery.send(self._client, c, secret, self.settings)
+                outcome = await delivery.send(self._session, c, secret, self.settings)
             self._recorder.add(outcome)
             del self._inflight[c.id]
             if outcome.outcome == "succeeded":
@@ -262,23 +262,22 @@ async def prune(pool: AsyncConnectionPool, retention: float) -> int:
 
 @contextlib.asynccontextmanager
 async def open_worker(settings: Settings, *, concurrency: int) -> AsyncIterator[Worker]:
-    """A started Worker with its own pool and HTTP client, all closed on exit."""
+    """A started Worker with its own pool and HTTP session, all closed on exit."""
     pool = make_pool(settings.database_url, min_size=2,
                      max_size=max(2, settings.pool_size), name="worker")
     await pool.open(wait=True)
     try:
-        client = make_client(allow_private=settings.allow_private_targets,
-                             timeout=settings.delivery_timeout,
-                             max_connections=max(concurrency, 1))
+        session = make_session(allow_private=settings.allow_private_targets,
+                               max_connections=max(concurrency, 1))
         try:
-            worker = Worker(settings, pool, client, concurrency=concurrency)
+            worker = Worker(settings, pool, session, concurrency=concurrency)
             worker.start()
             try:
                 yield worker
             finally:
                 await worker.stop()
         finally:
-            await client.aclose()
+            await session.close()
     finally:
         await pool.close()
 
