@@ -35,14 +35,16 @@ from service.api_errors import (
     ErrorBody,
 )
 from service.api_models import (
+    CREATE_FIELDS,
     REQUEST_COMPONENTS,
+    UPDATE_FIELDS,
     CreateOperation,
     HookEvent,
     Subscription,
     UpdateOperation,
     bool_field,
     check_fields,
-    json_type,
+    check_unchanged,
     parse_active,
     parse_after,
     parse_id,
@@ -67,15 +69,6 @@ PrincipalDep = NamedDependency[Principal]
 ClientDep = NamedDependency[httpx.AsyncClient]
 SettingsDep = NamedDependency[Settings]
 BoxDep = NamedDependency[SecretBox]
-
-CREATE_FIELDS = ("resource", "events", "target")
-UPDATE_FIELDS = ("active", "id", "resource", "events", "target", "last_status",
-                 "last_success_at", "last_failure_at", "last_failure_content")
-# Fields of the subscription that a PUT may repeat but not change.
-FIXED_FIELDS = ("id", "resource", "events", "target")
-# Status fields the worker changes at any time: a PUT may carry them (a client sending
-# back what it read) and they are ignored, since comparing them would race the worker.
-STATUS_FIELDS = ("last_status", "last_success_at", "last_failure_at", "last_failure_content")
 
 IdPath = Annotated[str, Parameter(description="subscription id (integer)")]
 
@@ -202,6 +195,7 @@ async def list_webhooks(
 
 @post("/webhooks", summary="Create a subscription (after the verification handshake)",
       status_code=201, operation_class=CreateOperation,
+      response_description="the stored subscription",
       responses=_errors(400, 401, 413, 503))
 async def create_webhook(
     request: Request[Any, Any, Any],
@@ -210,7 +204,7 @@ async def create_webhook(
     client: ClientDep,
     settings: SettingsDep,
     box: BoxDep,
-) -> Subscription:
+) -> Response[Subscription]:
     """Validates resource, events and target, verifies the target, stores the subscription."""
     body = parse_object(await request.body())
     check_fields(body, CREATE_FIELDS, CREATE_FIELDS)
@@ -234,7 +228,9 @@ async def create_webhook(
     rows = await _fetch(pool, "api_subscription_insert", {
         "owner": principal.owner, "tenant": principal.tenant, "resource": resource,
         "events": names, "target": target, "secret": box.seal(secret)})
-    return to_subscription(rows[0])
+    created = to_subscription(rows[0])
+    return Response(created, status_code=201,
+                    headers={"Location": f"/api/v1/webhooks/{created.id}"})
 
 
 @get("/webhooks/{webhook_id:str}", summary="Get a subscription",
@@ -246,29 +242,6 @@ async def get_webhook(webhook_id: IdPath, principal: PrincipalDep, pool: PoolDep
     if not rows:
         raise ApiError(404, f"no webhook with id {number}")
     return to_subscription(rows[0])
-
-
-def _check_unchanged(body: dict[str, Any], current: Subscription, names: list[str] | None
-                     ) -> None:
-    """400 naming the first fixed field whose value differs from the current one."""
-    if "id" in body:
-        value = body["id"]
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ApiError(400, f"field 'id' must be an integer, not {json_type(value)}")
-        if value != current.id:
-            raise ApiError(400, "field 'id' cannot be changed")
-    for name in ("resource", "target"):
-        if name in body and string_field(body, name) != getattr(current, name):
-            raise ApiError(400, f"field {name!r} cannot be changed; create a new webhook "
-                                "and delete this one instead")
-    if names is not None and set(names) != set(current.events.split(",")):
-        raise ApiError(400, "field 'events' cannot be changed; create a new webhook and "
-                            "delete this one instead")
-    for name in STATUS_FIELDS:
-        value = body.get(name)
-        wanted, kind = (int, "an integer") if name == "last_status" else (str, "a string")
-        if value is not None and (isinstance(value, bool) or not isinstance(value, wanted)):
-            raise ApiError(400, f"field {name!r} must be {kind} or null")
 
 
 @put("/webhooks/{webhook_id:str}", summary="Activate or deactivate a subscription",
@@ -302,7 +275,7 @@ async def update_webhook(
                 names = events.parse(text, noun["noun"] if noun else None)
             except events.EventsError as exc:
                 raise ApiError(400, str(exc)) from None
-        _check_unchanged(body, current, names)
+        check_unchanged(body, current, names)
         await cur.execute(db.query("api_subscription_set_active"), {**key, "active": active})
         updated = await cur.fetchone()
     assert updated is not None

@@ -177,6 +177,41 @@ def parse_active(text: str | None) -> bool | None:
     return text == "true"
 
 
+CREATE_FIELDS = ("resource", "events", "target")
+UPDATE_FIELDS = ("active", "id", "resource", "events", "target", "last_status",
+                 "last_success_at", "last_failure_at", "last_failure_content")
+# id, resource, events and target may be repeated in a PUT but not changed. The status
+# fields, which the worker changes at any time, may be sent too (a client sending back what
+# it read) and are ignored, since comparing them would race the worker.
+STATUS_FIELDS = ("last_status", "last_success_at", "last_failure_at", "last_failure_content")
+
+
+def check_unchanged(body: dict[str, Any], current: Subscription, names: list[str] | None
+                    ) -> None:
+    """400 naming the first fixed field whose value differs from the current one.
+
+    `names` are the canonical events the body names, compared as a set with the stored ones.
+    """
+    if "id" in body:
+        value = body["id"]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ApiError(400, f"field 'id' must be an integer, not {json_type(value)}")
+        if value != current.id:
+            raise ApiError(400, "field 'id' cannot be changed")
+    for name in ("resource", "target"):
+        if name in body and string_field(body, name) != getattr(current, name):
+            raise ApiError(400, f"field {name!r} cannot be changed; create a new webhook "
+                                "and delete this one instead")
+    if names is not None and set(names) != set(current.events.split(",")):
+        raise ApiError(400, "field 'events' cannot be changed; create a new webhook and "
+                            "delete this one instead")
+    for name in STATUS_FIELDS:
+        value = body.get(name)
+        wanted, kind = (int, "an integer") if name == "last_status" else (str, "a string")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, wanted)):
+            raise ApiError(400, f"field {name!r} must be {kind} or null")
+
+
 # OpenAPI: the request bodies are parsed by hand above, so their schemas are declared here.
 _STRING = Schema(type=OpenAPIType.STRING)
 CREATE_SCHEMA = Schema(

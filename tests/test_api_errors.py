@@ -179,3 +179,16 @@ async def test_openapi_document(api: Api) -> None:
     assert "detail" not in json.dumps(schemas)
     docs = await api.http.get("/schema")
     assert docs.status_code == 200 and "<html" in docs.text.lower()
+
+
+async def test_no_secret_or_token_reaches_a_log_record(api: Api,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG):
+        created = await api.create()
+        await api.request("PUT", f"/api/v1/webhooks/{created['id']}", json={"active": False})
+        await api.request("GET", "/api/v1/webhooks", token="wht_" + "B" * 43)
+        await api.request("POST", "/api/v1/webhooks", content=b"{bad json")
+    sent = [r.headers["x-hook-secret"] for r in api.receiver.received]
+    text = "\n".join(f"{r.getMessage()} {r.__dict__}" for r in caplog.records)
+    assert sent and not any(secret in text for secret in sent)
+    assert api.token not in text and "wht_BBBB" not in text

@@ -202,3 +202,9 @@ async def test_timestamps_are_rfc3339_utc(api: Api) -> None:
     assert body["last_failure_at"] == "2026-01-02T00:00:00.000000Z"
     assert RFC3339.match(body["last_failure_at"])
     assert (body["last_status"], body["last_failure_content"]) == (500, "HTTP 500")
+
+
+async def test_create_answers_with_location(api: Api) -> None:
+    response = await api.request("POST", "/api/v1/webhooks", json={
+        "resource": "invoices", "events": "create", "target": api.receiver.url})
+    assert response.headers["location"] == f"/api/v1/webhooks/{response.json()['id']}"
