@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from collections.abc import Sequence
@@ -13,6 +12,7 @@ import psycopg
 from service import __version__
 from service.config import ConfigError, Settings
 from service.logs import setup_logging
+from service.runner import run_loop
 
 log = logging.getLogger("webhooks.cli")
 
@@ -36,7 +36,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_api(args: argparse.Namespace) -> int:
     from service.runner import run_api
 
-    asyncio.run(run_api(_settings(), host=args.host, port=args.port))
+    run_loop(run_api(_settings(), host=args.host, port=args.port))
     return 0
 
 
@@ -44,7 +44,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from service.worker import run_worker
 
     settings = _settings()
-    asyncio.run(run_worker(settings, concurrency=args.concurrency or settings.concurrency,
+    run_loop(run_worker(settings, concurrency=args.concurrency or settings.concurrency,
                            metrics_port=args.metrics_port))
     return 0
 
@@ -53,7 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from service.runner import run_all
 
     settings = _settings()
-    asyncio.run(run_all(settings, host=args.host, port=args.port,
+    run_loop(run_all(settings, host=args.host, port=args.port,
                         concurrency=args.concurrency or settings.concurrency))
     return 0
 
@@ -67,7 +67,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from service.demo import run_demo
 
-    return asyncio.run(run_demo(_settings(), api=args.api, token=args.token,
+    return run_loop(run_demo(_settings(), api=args.api, token=args.token,
                                 token_file=args.token_file))
 
 

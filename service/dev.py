@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 
@@ -51,9 +50,9 @@ def banner(token: str, host: str, port: int) -> str:
 
 def dev(settings: Settings, host: str, port: int, token_file: str) -> int:
     """Prepares the database, prints the token and runs the API and a worker until Ctrl-C."""
-    from service.runner import run_all
+    from service.runner import run_all, run_loop
 
     token = prepare(settings, Path(token_file))
     print(banner(token, host, port), flush=True)
-    asyncio.run(run_all(settings, host=host, port=port, concurrency=settings.concurrency))
+    run_loop(run_all(settings, host=host, port=port, concurrency=settings.concurrency))
     return 0

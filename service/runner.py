@@ -6,13 +6,25 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Generator
+from collections.abc import Coroutine, Generator
+from typing import Any, TypeVar
 
 import uvicorn
 
 from service.config import Settings
 
 log = logging.getLogger("webhooks.runner")
+T = TypeVar("T")
+
+
+def run_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """Runs the coroutine on uvloop where it is installed (measurably faster), else asyncio."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
 
 
 class _Server(uvicorn.Server):
