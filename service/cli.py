@@ -45,7 +45,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     settings = _settings()
     run_loop(run_worker(settings, concurrency=args.concurrency or settings.concurrency,
-                           metrics_port=args.metrics_port))
+                        metrics_port=args.metrics_port, metrics_host=args.metrics_host))
     return 0
 
 
@@ -151,7 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=None,
                    help="deliveries in flight at once (default WEBHOOKS_CONCURRENCY, 64)")
     p.add_argument("--metrics-port", type=int, default=None,
-                   help="serve Prometheus metrics on this port (127.0.0.1)")
+                   help="serve Prometheus metrics at /metrics on this port")
+    p.add_argument("--metrics-host", default="127.0.0.1",
+                   help="address of the metrics server (default 127.0.0.1)")
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("run", help="serve the API and run a worker in one process",

@@ -28,6 +28,7 @@ from service.delivery import Claim, Recorder
 from service.fanout import drain_outbox
 from service.http import make_session
 from service.listener import Listener
+from service.metrics import WorkerMetrics
 
 log = logging.getLogger("webhooks.worker")
 
@@ -61,6 +62,7 @@ class Worker:
         self.settings = settings
         self.concurrency = max(1, concurrency)
         self.stats = WorkerStats()
+        self.metrics = WorkerMetrics()
         self._pool = pool
         self._session = session
         self._wake = asyncio.Event()
@@ -77,6 +79,11 @@ class Worker:
         self._outbox_due = True
         self._last_fanout = 0.0
         self._main: asyncio.Task[None] | None = None
+
+    @property
+    def pool(self) -> AsyncConnectionPool:
+        """The worker's connection pool."""
+        return self._pool
 
     def start(self) -> None:
         """Starts the worker in the running loop."""
@@ -141,8 +148,9 @@ class Worker:
             self._outbox_due = False
             self._last_fanout = loop.time()
             try:
-                self.stats.fanned_out += await drain_outbox(self._pool,
-                                                            self.settings.batch_size)
+                fanned = await drain_outbox(self._pool, self.settings.batch_size)
+                self.stats.fanned_out += fanned
+                self.metrics.fanned_out.inc(fanned)
             except BaseException:
                 self._outbox_due = True
                 raise
@@ -202,6 +210,7 @@ class Worker:
             else:
                 outcome = await delivery.send(self._session, c, secret, self.settings)
             self._recorder.add(outcome)
+            self.metrics.observe(outcome.outcome, outcome.duration_ms)
             del self._inflight[c.id]
             if outcome.outcome == "succeeded":
                 self.stats.succeeded += 1
@@ -283,7 +292,8 @@ async def open_worker(settings: Settings, *, concurrency: int) -> AsyncIterator[
 
 
 async def run_worker(settings: Settings, *, concurrency: int, metrics_port: int | None = None,
-                     stop: asyncio.Event | None = None) -> None:
+                     metrics_host: str = "127.0.0.1", stop: asyncio.Event | None = None
+                     ) -> None:
     """Delivers until SIGTERM/SIGINT (or `stop` is set), then shuts down cleanly."""
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
@@ -293,8 +303,15 @@ async def run_worker(settings: Settings, *, concurrency: int, metrics_port: int 
             loop.add_signal_handler(sig, stop.set)
             installed.append(sig)
     try:
-        async with open_worker(settings, concurrency=concurrency):
+        async with open_worker(settings, concurrency=concurrency) as worker:
+            refresher = None
+            if metrics_port is not None:
+                worker.metrics.serve(metrics_port, metrics_host)
+                refresher = asyncio.create_task(worker.metrics.refresh_loop(worker.pool))
+                log.info("metrics on http://%s:%d/metrics", metrics_host, metrics_port)
             await stop.wait()
+            if refresher is not None:
+                refresher.cancel()
             log.info("stopping: finishing in-flight deliveries",
                      extra={"grace": settings.shutdown_grace})
     finally:

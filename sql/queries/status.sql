@@ -48,3 +48,12 @@ SELECT s.id, s.target, s.last_status, count(*) AS failures,
 SELECT count(*) AS events,
        extract(epoch FROM now() - min(occurred_at)) AS oldest_seconds
   FROM webhooks.outbox
+
+-- name: metrics_gauges --
+SELECT (SELECT count(*) FROM webhooks.deliveries
+         WHERE status = 'pending' AND next_attempt_at <= now()) AS due,
+       (SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)
+          FROM webhooks.deliveries WHERE status = 'pending') AS oldest_pending_seconds,
+       (SELECT count(*) FROM webhooks.outbox) AS outbox_events,
+       (SELECT coalesce(extract(epoch FROM now() - min(occurred_at)), 0)
+          FROM webhooks.outbox) AS outbox_lag_seconds

@@ -1,0 +1,73 @@
+"""Prometheus metrics of the worker (the API's come from Litestar's integration).
+
+Each Worker has its own registry, so several workers in one process (tests) never clash;
+`webhooks worker --metrics-port` serves it over HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import psycopg
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from psycopg_pool import AsyncConnectionPool
+
+from service.db import query
+
+log = logging.getLogger("webhooks.metrics")
+
+ATTEMPT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                   10.0, 30.0)
+
+
+class WorkerMetrics:
+    """The worker's counters, attempt latency histogram and queue gauges."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.deliveries = Counter("webhooks_deliveries", "Delivery attempts by outcome "
+                                  "(succeeded, retry, failed)", ["outcome"], registry=r)
+        self.attempt_seconds = Histogram("webhooks_delivery_attempt_seconds",
+                                         "Duration of delivery attempts",
+                                         buckets=ATTEMPT_BUCKETS, registry=r)
+        self.fanned_out = Counter("webhooks_outbox_events_processed",
+                                  "Outbox events fanned out (wanted or not)", registry=r)
+        self.due = Gauge("webhooks_deliveries_due", "Deliveries due now", registry=r)
+        self.oldest_pending = Gauge("webhooks_oldest_pending_delivery_seconds",
+                                    "Age of the oldest pending delivery", registry=r)
+        self.outbox_events = Gauge("webhooks_outbox_events", "Events waiting for fan-out",
+                                   registry=r)
+        self.outbox_lag = Gauge("webhooks_outbox_lag_seconds",
+                                "Age of the oldest event waiting for fan-out", registry=r)
+
+    def observe(self, outcome: str, duration_ms: float) -> None:
+        """Counts one finished attempt (`outcome`: succeeded, pending or failed)."""
+        self.deliveries.labels("retry" if outcome == "pending" else outcome).inc()
+        self.attempt_seconds.observe(duration_ms / 1000.0)
+
+    async def refresh(self, pool: AsyncConnectionPool) -> None:
+        """Reads the queue gauges from the database."""
+        async with pool.connection() as conn:
+            cur = await conn.execute(query("metrics_gauges"))
+            row = await cur.fetchone()
+        if row is not None:
+            due, oldest, outbox, lag = row
+            self.due.set(due)
+            self.oldest_pending.set(float(oldest))
+            self.outbox_events.set(outbox)
+            self.outbox_lag.set(float(lag))
+
+    async def refresh_loop(self, pool: AsyncConnectionPool, every: float = 5.0) -> None:
+        """Refreshes the gauges until cancelled; database errors only skip a round."""
+        while True:
+            try:
+                await self.refresh(pool)
+            except (psycopg.Error, OSError) as exc:
+                log.warning("metrics refresh failed: %s", exc)
+            await asyncio.sleep(every)
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+        """Serves /metrics on host:port from a background thread."""
+        start_http_server(port, addr=host, registry=self.registry)

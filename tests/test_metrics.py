@@ -1,0 +1,73 @@
+"""Worker metrics: served by `webhooks worker --metrics-port`, and they move."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import psycopg
+
+from tests.receivers import Receiver
+from tests.test_worker_helpers import add_invoice, subscribe, worker_env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def sample(text: str, name: str) -> float:
+    """The value of the first sample line starting with `name` (0 when absent)."""
+    for line in text.splitlines():
+        if line.startswith(name):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def scrape(url: str, deadline: float) -> str:
+    async with httpx.AsyncClient() as client:
+        while True:
+            try:
+                return (await client.get(url)).text
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "metrics server did not come up"
+                await asyncio.sleep(0.1)
+
+
+async def test_worker_metrics_move_after_a_delivery(db_url: str, conn: psycopg.Connection
+                                                    ) -> None:
+    receiver = await Receiver().start()
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "service", "worker", "--metrics-port",
+                             str(port)], env=worker_env(db_url))
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        before = await scrape(url, time.monotonic() + 20)
+        for name in ("webhooks_deliveries_total", "webhooks_delivery_attempt_seconds_bucket",
+                     "webhooks_deliveries_due", "webhooks_oldest_pending_delivery_seconds",
+                     "webhooks_outbox_lag_seconds", "webhooks_outbox_events"):
+            assert f"# TYPE {name.removesuffix('_total').removesuffix('_bucket')}" in before \
+                or name in before, name
+        subscribe(conn, receiver.url)
+        add_invoice(conn, "M-1")
+        await receiver.wait_for(lambda r: len(r.deliveries()) == 1)
+        deadline = time.monotonic() + 10
+        while True:
+            after = await scrape(url, deadline)
+            ok = 'webhooks_deliveries_total{outcome="succeeded"} 1.0' in after
+            if ok or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        assert ok, after
+        assert sample(after, "webhooks_delivery_attempt_seconds_count") == 1.0
+        assert sample(after, "webhooks_outbox_events_processed_total") >= 1.0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        await receiver.stop()
