@@ -76,6 +76,7 @@ class Settings:
     shutdown_grace: float = 10.0
     retention: float = 7 * 86400.0
     encryption_key: str | None = None
+    max_row_bytes: int = 256 * 1024
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -117,6 +118,7 @@ class Settings:
             "WEBHOOKS_PER_TARGET_CONCURRENCY": "per_target_concurrency",
             "WEBHOOKS_BATCH_SIZE": "batch_size",
             "WEBHOOKS_POOL_SIZE": "pool_size",
+            "WEBHOOKS_MAX_ROW_BYTES": "max_row_bytes",
         }
         for name, attr in integers.items():
             if (v := get(name)) is not None:

@@ -22,24 +22,31 @@ class FanoutBatch:
     created: int
 
 
-async def fan_out_batch(pool: AsyncConnectionPool, limit: int) -> FanoutBatch:
+# Rows whose JSON is larger than this are delivered without their `resource` member.
+DEFAULT_MAX_ROW_BYTES = 256 * 1024
+
+
+async def fan_out_batch(pool: AsyncConnectionPool, limit: int,
+                        max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> FanoutBatch:
     """Moves up to `limit` outbox rows to events and deliveries, in one transaction."""
     async with pool.connection() as conn:
         cur = conn.cursor(row_factory=class_row(FanoutBatch))
-        await cur.execute(query("fanout"), {"lock_key": FANOUT_LOCK, "limit": limit})
+        await cur.execute(query("fanout"), {"lock_key": FANOUT_LOCK, "limit": limit,
+                                            "max_row_bytes": max_row_bytes})
         row = await cur.fetchone()
     assert row is not None
     return row
 
 
-async def drain_outbox(pool: AsyncConnectionPool, batch_size: int) -> int:
+async def drain_outbox(pool: AsyncConnectionPool, batch_size: int,
+                       max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> int:
     """Fans out batches until the outbox is empty (or another worker is doing it).
 
     Returns the number of deliveries created.
     """
     created = 0
     while True:
-        batch = await fan_out_batch(pool, batch_size)
+        batch = await fan_out_batch(pool, batch_size, max_row_bytes)
         created += batch.created
         if not batch.locked or batch.taken < batch_size:
             return created

@@ -148,7 +148,8 @@ class Worker:
             self._outbox_due = False
             self._last_fanout = loop.time()
             try:
-                fanned = await drain_outbox(self._pool, self.settings.batch_size)
+                fanned = await drain_outbox(self._pool, self.settings.batch_size,
+                                            self.settings.max_row_bytes)
                 self.stats.fanned_out += fanned
                 self.metrics.fanned_out.inc(fanned)
             except BaseException:

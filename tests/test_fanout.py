@@ -105,3 +105,18 @@ async def test_one_worker_fans_out_at_a_time(pool: AsyncConnectionPool, db_url: 
         busy = await fan_out_batch(pool, 100)
         assert (busy.locked, busy.taken) == (False, 0)
     assert await drain_outbox(pool, 100) == 1
+
+
+async def test_an_oversized_row_is_delivered_without_it_and_flagged(
+        db_url: str, conn: psycopg.Connection) -> None:
+    conn.execute("INSERT INTO webhooks.subscriptions (owner, resource, events, target, secret) "
+                 "VALUES ('o', 'invoices', '{invoice.create}', 'http://x/', 's')")
+    conn.execute("INSERT INTO invoices (number, customer, amount) VALUES ('small', 'c', 1), "
+                 "('big', repeat('x', 5000), 1)")
+    async with AsyncConnectionPool(db_url, open=False, kwargs={"autocommit": True}) as pool:
+        await drain_outbox(pool, 100, max_row_bytes=2000)
+    bodies = [json.loads(r[0]) for r in conn.execute(
+        "SELECT body FROM webhooks.events ORDER BY id")]
+    assert bodies[0]["resource"]["number"] == "small"
+    assert "resource" not in bodies[1] and bodies[1]["resource_omitted"] == "too_large"
+    assert bodies[1]["event"]["name"] == "invoice.create"

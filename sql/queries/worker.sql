@@ -44,9 +44,12 @@ WITH lock AS (
                                 'resource', b.parent_resource,
                                 'resource_id', b.parent_id))
                        ELSE '{}'::jsonb END)
-           || CASE WHEN b.row_data IS NOT NULL
+           -- A row over the size limit is left out and flagged, rather than blocking
+           -- the queue with a body no target would take.
+           || CASE WHEN b.row_data IS NULL THEN '{}'::jsonb
+                   WHEN octet_length(b.row_data::text) <= %(max_row_bytes)s
                    THEN jsonb_build_object('resource', b.row_data)
-                   ELSE '{}'::jsonb END
+                   ELSE jsonb_build_object('resource_omitted', 'too_large') END
            )::text
       FROM batch b
      WHERE b.id IN (SELECT event_id FROM matched)
