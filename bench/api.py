@@ -110,7 +110,7 @@ def _healthy(port: int) -> bool:
 
 def scenario(ctx: Context) -> list[Result]:
     """GET by id and the list: req/s (≥ 1,500) and p99 (≤ 25 ms), with the static limit."""
-    seconds = 3 if ctx.quick else 10
+    seconds = 2 if ctx.quick else 10
     with connect(ctx.url) as conn:
         reset_service_state(conn)
         create_table(conn, "api_rows", attach="api_rows")
@@ -125,12 +125,14 @@ def scenario(ctx: Context) -> list[Result]:
     results: list[Result] = []
     with ctx.procs.running_proc("api", [PYTHON, "-m", "service", "api", "--host",
                                         "127.0.0.1", "--port", str(port)],
-                                env={"DATABASE_URL": ctx.url}) as api:
+                                env={"DATABASE_URL": ctx.url},
+                                profile=ctx.profile_path("api")) as api:
         if not wait_until(lambda: not api.alive() or _healthy(port), 30) or not api.alive():
             raise RuntimeError(f"the API did not start: {api.tail()}")
         for i, (label, url) in enumerate(cases):
             size = _size(url, token)
-            load(ctx, url, 1, token)  # warm-up: pools, caches, connections
+            if i == 0:
+                load(ctx, url, 1, token)  # warm-up: pools, caches, connections
             got = load(ctx, url, seconds, token)
             static = load(ctx, f"http://127.0.0.1:{ctx.port}/static/{size}",
                           max(2, seconds // 2))

@@ -184,11 +184,23 @@ class Proc:
     name: str
     popen: subprocess.Popen[bytes]
     log: Path
+    # py-spy writes its profile on SIGINT only; the service stops on either signal.
+    stop_signal: signal.Signals = signal.SIGTERM
 
     @property
     def pid(self) -> int:
         """The process id (also its process group id)."""
         return self.popen.pid
+
+    def main_pid(self) -> int:
+        """The pid of the program itself: py-spy's child when profiled, else `pid`."""
+        if self.stop_signal != signal.SIGINT:
+            return self.pid
+        try:
+            children = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()
+        except OSError:
+            return self.pid
+        return int(children[0]) if children else self.pid
 
     def alive(self) -> bool:
         """Whether the process still runs."""
@@ -211,9 +223,15 @@ class Procs:
     running: list[Proc] = field(default_factory=list)
 
     def start(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None,
-              stdout_pipe: bool = False) -> Proc:
-        """Starts `argv` in a new session (so its whole group can be signalled)."""
+              stdout_pipe: bool = False, profile: Path | None = None) -> Proc:
+        """Starts `argv` in a new session (so its whole group can be signalled); with
+        `profile`, under `py-spy record` writing collapsed stacks there."""
         log = self.workdir / f"{name}-{len(self.running)}.log"
+        if profile is not None:
+            profile.parent.mkdir(parents=True, exist_ok=True)
+            spy = Path(PYTHON).parent / "py-spy"
+            argv = [str(spy), "record", "--format", "raw", "--nolineno", "-r", "100",
+                    "-o", str(profile), "--", *argv]
         out = log.open("wb")
         try:
             popen = subprocess.Popen(
@@ -223,15 +241,17 @@ class Procs:
         finally:
             out.close()
         proc = Proc(name, popen, log)
+        if profile is not None:
+            proc.stop_signal = signal.SIGINT
         self.running.append(proc)
         return proc
 
     def stop(self, proc: Proc, grace: float = 5.0) -> int | None:
         """SIGTERM to the group, then SIGKILL after `grace` seconds; returns the exit code."""
         if proc.alive():
-            _signal_group(proc.pid, signal.SIGTERM)
+            _signal_group(proc.pid, proc.stop_signal)
             try:
-                proc.popen.wait(grace)
+                proc.popen.wait(grace + (10 if proc.stop_signal == signal.SIGINT else 0))
             except subprocess.TimeoutExpired:
                 _signal_group(proc.pid, signal.SIGKILL)
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -250,10 +270,10 @@ class Procs:
             self.stop(proc, grace=3.0)
 
     @contextlib.contextmanager
-    def running_proc(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None
-                     ) -> Iterator[Proc]:
+    def running_proc(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None,
+                     profile: Path | None = None) -> Iterator[Proc]:
         """A started process, stopped when the block ends."""
-        proc = self.start(name, argv, env)
+        proc = self.start(name, argv, env, profile=profile)
         try:
             yield proc
         finally:

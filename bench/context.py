@@ -10,6 +10,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from bench.common import PYTHON, Proc, Procs, peak_rss_mb, wait_until
@@ -34,6 +35,14 @@ class Context:
     receiver: Proc | None = None
     port: int = 0
     cache: dict[str, Any] = field(default_factory=dict)
+    profile_dir: Path | None = None  # --profile: workers and the API run under py-spy
+    scenario: str = ""
+
+    def profile_path(self, what: str) -> Path | None:
+        """Where the profile of `what` in the current scenario goes (None: no profiling)."""
+        if self.profile_dir is None:
+            return None
+        return self.profile_dir / f"{self.scenario}-{what}.txt"
 
     # -- the receiver ------------------------------------------------------------------
 
@@ -93,7 +102,8 @@ class Context:
         """Starts `webhooks worker` on the bench database and waits until it listens."""
         proc = self.procs.start(
             "worker", [PYTHON, "-m", "service", "worker"],
-            env={"DATABASE_URL": self.url, **WORKER_ENV, **env})
+            env={"DATABASE_URL": self.url, **WORKER_ENV, **env},
+            profile=self.profile_path("worker"))
         # The worker logs "worker started" once its loop runs; give imports time.
         ok = wait_until(lambda: not proc.alive() or "worker started" in _read(proc), 20)
         if not proc.alive() or not ok:
@@ -115,7 +125,7 @@ class Context:
 
     def rss_mb(self, proc: Proc) -> float | None:
         """The peak RSS of a running process, in MB."""
-        return peak_rss_mb(proc.pid)
+        return peak_rss_mb(proc.main_pid())
 
     # -- the raw client ----------------------------------------------------------------
 
@@ -141,7 +151,7 @@ class Context:
             best = (0.0, "")
             rates: dict[str, float] = {}
             for loop in ("asyncio", "uvloop"):
-                for c in (16, 32, 64):
+                for c in (16, 64) if self.quick else (16, 32, 64):
                     r = self.raw("rate", "--url", self.target("raw"), "--lib", "aiohttp",
                                  "--loop", loop, "--concurrency", str(c),
                                  "--duration", seconds)["rate"]

@@ -58,7 +58,7 @@ def text_table(results: Sequence[Result]) -> str:
                          for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
 
     sep = "  ".join("-" * w for w in widths)
-    return "\n".join([line(HEADERS), sep, *(line(r) for r in body)])
+    return "\n".join(x.rstrip() for x in [line(HEADERS), sep, *(line(r) for r in body)])
 
 
 def markdown_table(results: Sequence[Result]) -> str:

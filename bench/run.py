@@ -17,6 +17,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -44,6 +45,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="shorter runs and smaller counts (the whole suite in < 2 min)")
     parser.add_argument("--only", default="",
                         help="comma-separated scenarios: " + ",".join(SCENARIOS))
+    parser.add_argument("--profile", metavar="DIR", default=None,
+                        help="run workers and the API under py-spy; collapsed stacks go to "
+                             "DIR/<scenario>-<process>.txt (summarise: python -m bench.profile)")
     parser.add_argument("--keep-db", action="store_true",
                         help="keep the webhooks_bench database afterwards, for inspection")
     args = parser.parse_args(argv)
@@ -67,6 +71,7 @@ def run_scenarios(ctx: Context, names: Sequence[str]) -> list[tuple[str, Result]
     for name in names:
         started = time.monotonic()
         print(f"bench: {name} ...", file=sys.stderr, flush=True)
+        ctx.scenario = name
         try:
             if name in NEEDS_RECEIVER and ctx.receiver is None:
                 ctx.start_receiver()
@@ -124,7 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from service.db import migrate
 
         migrate(url)
-        ctx = Context(url=url, quick=args.quick, procs=procs)
+        ctx = Context(url=url, quick=args.quick, procs=procs,
+                      profile_dir=Path(args.profile).resolve() if args.profile else None)
         results = run_scenarios(ctx, args.names)
         info = report.machine(url)
     finally:
