@@ -25,15 +25,15 @@ from litestar.params import Parameter
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from service import __version__, db, events, tokens
+from service import __version__, db, events
+from service.api_auth import provide_principal
 from service.api_errors import (
-    AUTHENTICATE,
     ERROR_RESPONSES_DOC,
     EXCEPTION_HANDLERS,
-    MAX_BODY_SIZE,
     ApiError,
     ErrorBody,
 )
+from service.api_metrics import ApiMetrics, MetricsController, metrics_config
 from service.api_models import (
     CREATE_FIELDS,
     REQUEST_COMPONENTS,
@@ -59,6 +59,7 @@ from service.config import Settings
 from service.crypto import SecretBox
 from service.handshake import HandshakeFailed, new_secret, verify
 from service.http import make_client
+from service.ratelimit import RateLimiter
 from service.ssrf import TargetRejected, check_target
 from service.tokens import Principal
 
@@ -69,8 +70,14 @@ PrincipalDep = NamedDependency[Principal]
 ClientDep = NamedDependency[httpx.AsyncClient]
 SettingsDep = NamedDependency[Settings]
 BoxDep = NamedDependency[SecretBox]
+MetricsDep = NamedDependency[ApiMetrics]
 
 IdPath = Annotated[str, Parameter(description="subscription id (integer)")]
+
+
+# Every operation under /api/v1 documents every error it can answer with, so that the
+# document and the answers agree (the fuzz tests check it).
+API_ERRORS = (400, 401, 404, 405, 413, 429, 503)
 
 
 def _errors(*codes: int) -> dict[int, ResponseSpec]:
@@ -105,25 +112,10 @@ def provide_box(state: State) -> SecretBox:
     return box
 
 
-async def provide_principal(request: Request[Any, Any, Any], pool: PoolDep) -> Principal:
-    """The caller named by `Authorization: Bearer <token>`; 401 when there is none."""
-    header = request.headers.get("authorization")
-    if header is None:
-        raise ApiError(401, "missing Authorization header: send Authorization: Bearer <token>",
-                       {"WWW-Authenticate": AUTHENTICATE})
-    scheme, _, token = header.strip().partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
-        raise ApiError(401, "Authorization header must have the form: Bearer <token>",
-                       {"WWW-Authenticate": AUTHENTICATE})
-    principal = None
-    if tokens.well_formed(token):
-        async with pool.connection() as conn:
-            principal = await tokens.authenticate(conn, token)
-    if principal is None:
-        raise ApiError(401, "unknown or revoked token",
-                       {"WWW-Authenticate": AUTHENTICATE + ', error="invalid_token"'})
-    return principal
+def provide_metrics(state: State) -> ApiMetrics:
+    """The app's metrics registry."""
+    metrics: ApiMetrics = state.metrics
+    return metrics
 
 
 # --- subscriptions ------------------------------------------------------------------
@@ -139,7 +131,8 @@ async def _registry(pool: Pool, resource: str) -> tuple[dict[str, bool], str | N
     return {}, None, [r[0] for r in names]
 
 
-async def _canonical_events(pool: Pool, resource: str, text: str) -> list[str]:
+async def _canonical_events(pool: Pool, resource: str, text: str, max_events: int
+                            ) -> list[str]:
     """The checked canonical events of a subscription to `resource`; 400 if any is wrong."""
     registry, own_noun, resources = await _registry(pool, resource)
     if not registry:
@@ -147,7 +140,7 @@ async def _canonical_events(pool: Pool, resource: str, text: str) -> list[str]:
                             f"subscribed to: {', '.join(resources) or 'none'} "
                             "(see /api/v1/hook_events)")
     try:
-        return events.canonicalise(text, own_noun, registry, resource)
+        return events.canonicalise(text, own_noun, registry, resource, max_events)
     except events.EventsError as exc:
         raise ApiError(400, str(exc)) from None
 
@@ -158,6 +151,21 @@ async def _fetch(pool: Pool, name: str, params: dict[str, Any]) -> list[dict[str
         return await cur.fetchall()
 
 
+def _scope(principal: Principal) -> dict[str, Any]:
+    """The query parameters that limit a query to what the caller may see."""
+    return {"owner": principal.owner, "tenant": principal.tenant}
+
+
+async def _fetch_tuples(pool: Pool, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    async with pool.connection() as conn:
+        return await (await conn.execute(db.query(name), params)).fetchall()
+
+
+def _too_many(limit: int) -> ApiError:
+    return ApiError(400, f"this owner already has {limit} subscriptions, the most allowed "
+                         "(WEBHOOKS_MAX_SUBSCRIPTIONS_PER_OWNER); delete one first")
+
+
 def _subscription_id(text: str) -> int:
     number = parse_id(text)
     if number is None:
@@ -166,7 +174,7 @@ def _subscription_id(text: str) -> int:
 
 
 @get("/webhooks", summary="List subscriptions",
-     responses=_errors(400, 401, 503))
+     responses=_errors(*API_ERRORS))
 async def list_webhooks(
     request: Request[Any, Any, Any],
     principal: PrincipalDep,
@@ -179,7 +187,7 @@ async def list_webhooks(
 ) -> Response[list[Subscription]]:
     """The caller's subscriptions, oldest first; a `Link: <...>; rel="next"` when more remain."""
     wanted = parse_limit(limit)
-    params = {"owner": principal.owner, "resource": query_text("resource", resource),
+    params = {**_scope(principal), "resource": query_text("resource", resource),
               "active": parse_active(active), "after": parse_after(after),
               "limit": wanted + 1}
     rows = await _fetch(pool, "api_subscription_list", params)
@@ -196,7 +204,7 @@ async def list_webhooks(
 @post("/webhooks", summary="Create a subscription (after the verification handshake)",
       status_code=201, operation_class=CreateOperation,
       response_description="the stored subscription",
-      responses=_errors(400, 401, 413, 503))
+      responses=_errors(*API_ERRORS))
 async def create_webhook(
     request: Request[Any, Any, Any],
     principal: PrincipalDep,
@@ -204,48 +212,63 @@ async def create_webhook(
     client: ClientDep,
     settings: SettingsDep,
     box: BoxDep,
+    metrics: MetricsDep,
 ) -> Response[Subscription]:
     """Validates resource, events and target, verifies the target, stores the subscription."""
     body = parse_object(await request.body())
     check_fields(body, CREATE_FIELDS, CREATE_FIELDS)
     resource, text, target = (string_field(body, name) for name in CREATE_FIELDS)
-    names = await _canonical_events(pool, resource, text)
+    names = await _canonical_events(pool, resource, text, settings.max_events_per_subscription)
     try:
         # Name resolution has no timeout of its own; a hanging resolver must not hang us.
         async with asyncio.timeout(settings.verify_timeout):
-            await check_target(target, settings.allow_private_targets)
+            await check_target(target, settings.allow_private_targets,
+                               settings.max_target_length)
     except TargetRejected as exc:
         raise ApiError(400, str(exc)) from None
     except TimeoutError:
         raise ApiError(400, f"target host did not resolve within {settings.verify_timeout:g} "
                             "seconds") from None
+    # Checked before the handshake too, so that a full owner does not bother its target.
+    limit = settings.max_subscriptions_per_owner
+    [(count,)] = await _fetch_tuples(pool, "api_subscription_count", _scope(principal))
+    if count >= limit:
+        raise _too_many(limit)
     # No connection is held here: the handshake may take the whole verify timeout.
     secret = new_secret()
     try:
         await verify(client, target, secret, settings.verify_timeout)
     except HandshakeFailed as exc:
+        metrics.handshake(exc.outcome)
         raise ApiError(400, f"target verification failed: {exc}") from None
-    rows = await _fetch(pool, "api_subscription_insert", {
-        "owner": principal.owner, "tenant": principal.tenant, "resource": resource,
-        "events": names, "target": target, "secret": box.seal(secret)})
-    created = to_subscription(rows[0])
+    metrics.handshake("verified")
+    async with pool.connection() as conn, conn.transaction(), \
+            conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(db.query("api_owner_lock"), _scope(principal))
+        await cur.execute(db.query("api_subscription_insert"), {
+            **_scope(principal), "resource": resource, "events": names, "target": target,
+            "secret": box.seal(secret), "max": limit})
+        row = await cur.fetchone()
+    if row is None:
+        raise _too_many(limit)
+    created = to_subscription(row)
     return Response(created, status_code=201,
                     headers={"Location": f"/api/v1/webhooks/{created.id}"})
 
 
 @get("/webhooks/{webhook_id:str}", summary="Get a subscription",
-     responses=_errors(400, 401, 404, 503))
+     responses=_errors(*API_ERRORS))
 async def get_webhook(webhook_id: IdPath, principal: PrincipalDep, pool: PoolDep) -> Subscription:
     """One of the caller's subscriptions."""
     number = _subscription_id(webhook_id)
-    rows = await _fetch(pool, "api_subscription_get", {"id": number, "owner": principal.owner})
+    rows = await _fetch(pool, "api_subscription_get", {"id": number, **_scope(principal)})
     if not rows:
         raise ApiError(404, f"no webhook with id {number}")
     return to_subscription(rows[0])
 
 
 @put("/webhooks/{webhook_id:str}", summary="Activate or deactivate a subscription",
-     operation_class=UpdateOperation, responses=_errors(400, 401, 404, 413, 503))
+     operation_class=UpdateOperation, responses=_errors(*API_ERRORS))
 async def update_webhook(
     webhook_id: IdPath,
     request: Request[Any, Any, Any],
@@ -258,7 +281,7 @@ async def update_webhook(
     check_fields(body, UPDATE_FIELDS, ("active",))
     active = bool_field(body, "active")
     text = string_field(body, "events") if "events" in body else None
-    key = {"id": number, "owner": principal.owner}
+    key = {"id": number, **_scope(principal)}
     async with pool.connection() as conn, conn.transaction(), \
             conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(db.query("api_subscription_lock"), key)
@@ -283,17 +306,17 @@ async def update_webhook(
 
 
 @delete("/webhooks/{webhook_id:str}", summary="Delete a subscription and its pending deliveries",
-        status_code=204, responses=_errors(400, 401, 404, 503))
+        status_code=204, responses=_errors(*API_ERRORS))
 async def delete_webhook(webhook_id: IdPath, principal: PrincipalDep, pool: PoolDep) -> None:
     """Deletes the subscription; its queued deliveries go with it."""
     number = _subscription_id(webhook_id)
-    rows = await _fetch(pool, "api_subscription_delete", {"id": number, "owner": principal.owner})
+    rows = await _fetch(pool, "api_subscription_delete", {"id": number, **_scope(principal)})
     if not rows:
         raise ApiError(404, f"no webhook with id {number}")
 
 
 @get("/hook_events", summary="List the events that can be subscribed to",
-     responses=_errors(401, 503))
+     responses=_errors(*API_ERRORS))
 async def list_hook_events(principal: PrincipalDep, pool: PoolDep) -> list[HookEvent]:
     """Every public event, as {"resource", "event"}, by resource and name."""
     rows = await _fetch(pool, "api_hook_events", {})
@@ -325,6 +348,7 @@ async def readyz(pool: PoolDep) -> Response[dict[str, str]]:
 
 def create_app(settings: Settings, pool: Pool | None = None) -> Litestar:
     """The API app; opens (and closes) its own pool unless `pool` is given."""
+    metrics = ApiMetrics()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -352,17 +376,21 @@ def create_app(settings: Settings, pool: Pool | None = None) -> Litestar:
         tags=["webhooks"],
     )
     return Litestar(
-        route_handlers=[api, healthz, readyz],
+        route_handlers=[api, healthz, readyz, MetricsController],
         dependencies={
             "pool": Provide(provide_pool, sync_to_thread=False),
             "client": Provide(provide_client, sync_to_thread=False),
             "settings": Provide(provide_settings, sync_to_thread=False),
             "box": Provide(provide_box, sync_to_thread=False),
+            "metrics": Provide(provide_metrics, sync_to_thread=False),
         },
-        state=State({"settings": settings, "box": SecretBox(settings.encryption_key)}),
+        state=State({"settings": settings, "box": SecretBox(settings.encryption_key),
+                     "metrics": metrics,
+                     "limiter": RateLimiter(settings.rate_limit, settings.rate_burst)}),
+        middleware=[metrics_config(metrics).middleware],
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
-        request_max_body_size=MAX_BODY_SIZE,
+        request_max_body_size=settings.max_body_bytes,
         logging_config=None,
         openapi_config=OpenAPIConfig(
             title="Webhook subscription service",

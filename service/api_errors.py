@@ -24,6 +24,7 @@ from psycopg_pool import PoolTimeout
 
 log = logging.getLogger("webhooks.api")
 
+# The default of WEBHOOKS_MAX_BODY_BYTES; the app's own limit is in its settings.
 MAX_BODY_SIZE = 65536
 AUTHENTICATE = 'Bearer realm="webhooks"'
 
@@ -83,7 +84,10 @@ def _not_allowed(request: Request[Any, Any, Any], exc: MethodNotAllowedException
 def _http(request: Request[Any, Any, Any], exc: HTTPException) -> Response[ErrorBody]:
     status = exc.status_code
     if status == 413:
-        return error_response(413, f"request body is larger than {MAX_BODY_SIZE} bytes")
+        settings = getattr(request.app.state, "settings", None)
+        limit = getattr(settings, "max_body_bytes", MAX_BODY_SIZE)
+        return error_response(413, f"request body is larger than {limit} bytes "
+                                   "(WEBHOOKS_MAX_BODY_BYTES)")
     if status >= 500:
         log.error("request failed: %s", type(exc).__name__)
         return error_response(status, "internal error")
@@ -119,6 +123,8 @@ ERROR_RESPONSES_DOC = {
     401: "missing, malformed, unknown or revoked token",
     404: "unknown id, or one that belongs to another owner",
     405: "method not allowed on this path",
-    413: f"request body larger than {MAX_BODY_SIZE} bytes",
+    413: f"request body larger than WEBHOOKS_MAX_BODY_BYTES (default {MAX_BODY_SIZE} bytes)",
+    429: "too many requests with this token (WEBHOOKS_RATE_LIMIT); Retry-After says when "
+         "to try again",
     503: "database unavailable",
 }

@@ -77,6 +77,14 @@ class Settings:
     retention: float = 7 * 86400.0
     encryption_key: str | None = None
     max_row_bytes: int = 256 * 1024
+    # API limits: each refused with a clear {"error"} and nothing changed.
+    max_body_bytes: int = 65536
+    max_subscriptions_per_owner: int = 1000
+    max_events_per_subscription: int = 100
+    max_target_length: int = 2048
+    # Requests per second per API token, per API process, with bursts of rate_burst; 0 = off.
+    rate_limit: float = 100.0
+    rate_burst: int = 200
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -104,6 +112,7 @@ class Settings:
             "WEBHOOKS_LEASE": ("lease", 1.0),
             "WEBHOOKS_RETRY_AFTER_CAP": ("retry_after_cap", 0.0),
             "WEBHOOKS_SHUTDOWN_GRACE": ("shutdown_grace", 0.0),
+            "WEBHOOKS_RATE_LIMIT": ("rate_limit", 0.0),
         }
         for name, (attr, minimum) in numbers.items():
             if (v := get(name)) is not None:
@@ -119,6 +128,11 @@ class Settings:
             "WEBHOOKS_BATCH_SIZE": "batch_size",
             "WEBHOOKS_POOL_SIZE": "pool_size",
             "WEBHOOKS_MAX_ROW_BYTES": "max_row_bytes",
+            "WEBHOOKS_MAX_BODY_BYTES": "max_body_bytes",
+            "WEBHOOKS_MAX_SUBSCRIPTIONS_PER_OWNER": "max_subscriptions_per_owner",
+            "WEBHOOKS_MAX_EVENTS_PER_SUBSCRIPTION": "max_events_per_subscription",
+            "WEBHOOKS_MAX_TARGET_LENGTH": "max_target_length",
+            "WEBHOOKS_RATE_BURST": "rate_burst",
         }
         for name, attr in integers.items():
             if (v := get(name)) is not None:

@@ -41,11 +41,11 @@ def canonical_name(name: str, own_noun: str | None) -> str:
     return f"{noun}.{verb}"
 
 
-def parse(text: str, own_noun: str | None) -> list[str]:
+def parse(text: str, own_noun: str | None, max_events: int | None = None) -> list[str]:
     """Canonical names of a comma-separated list, in order of first appearance, no duplicates.
 
     Blanks around names are ignored, as are empty items; raises EventsError when no name
-    remains or a name cannot be read.
+    remains, a name cannot be read, or more than `max_events` distinct names remain.
     """
     if len(text) > MAX_EVENTS_LENGTH:
         raise EventsError(f"events is longer than {MAX_EVENTS_LENGTH} characters")
@@ -56,6 +56,9 @@ def parse(text: str, own_noun: str | None) -> list[str]:
             names.setdefault(canonical_name(item, own_noun), None)
     if not names:
         raise EventsError("events is empty: name at least one event, e.g. invoice.create")
+    if max_events is not None and len(names) > max_events:
+        raise EventsError(f"events names {len(names)} different events; a subscription may "
+                          f"have at most {max_events} (WEBHOOKS_MAX_EVENTS_PER_SUBSCRIPTION)")
     return list(names)
 
 
@@ -76,9 +79,9 @@ def check(names: Iterable[str], registry: Mapping[str, bool], resource: str) -> 
 
 
 def canonicalise(text: str, own_noun: str | None, registry: Mapping[str, bool],
-                 resource: str) -> list[str]:
+                 resource: str, max_events: int | None = None) -> list[str]:
     """The canonical, checked event names of an `events` string (see `parse` and `check`)."""
-    names = parse(text, own_noun)
+    names = parse(text, own_noun, max_events)
     check(names, registry, resource)
     return names
 

@@ -25,7 +25,15 @@ _SHOWN = 200
 
 
 class HandshakeFailed(Exception):
-    """The target did not pass verification; the message tells an integrator what it did."""
+    """The target did not pass verification; the message tells an integrator what it did.
+
+    `outcome` is one word for metrics: refused (it answered, but wrongly), timeout or
+    unreachable.
+    """
+
+    def __init__(self, message: str, outcome: str = "refused") -> None:
+        super().__init__(message)
+        self.outcome = outcome
 
 
 def new_secret() -> str:
@@ -60,6 +68,7 @@ async def verify(client: httpx.AsyncClient, target: str, secret: str, timeout: f
     The whole exchange is bounded by `timeout` seconds; redirects are not followed (the
     client never follows them) and at most BODY_LIMIT bytes of the answer are read.
     """
+    outcome = "refused"
     try:
         async with asyncio.timeout(timeout):
             async with client.stream("POST", target, json={}, headers={HEADER: secret},
@@ -68,15 +77,19 @@ async def verify(client: httpx.AsyncClient, target: str, secret: str, timeout: f
                 reason = _outcome(response.status_code, response.headers.get_list(HEADER),
                                   response.headers.get("location"), secret)
     except (TimeoutError, httpx.TimeoutException):
+        outcome = "timeout"
         reason = (f"the target did not answer the verification request within {timeout:g} "
                   "seconds (WEBHOOKS_VERIFY_TIMEOUT)")
     except httpx.ConnectError as exc:
+        outcome = "unreachable"
         reason = f"the verification request could not reach the target: {exc}"
     except httpx.HTTPError as exc:
+        outcome = "unreachable"
         reason = f"the verification request to the target failed: {exc or type(exc).__name__}"
     except (httpx.InvalidURL, ValueError) as exc:
         # URLs that urlsplit accepts but httpx or yarl do not (odd IDNA, ports, escapes).
+        outcome = "unreachable"
         reason = f"target is not a valid URL: {exc}"
     if reason is not None:
         # Transport messages come from libraries; make sure none carries the secret.
-        raise HandshakeFailed(reason.replace(secret, "***"))
+        raise HandshakeFailed(reason.replace(secret, "***"), outcome)

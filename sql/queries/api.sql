@@ -1,6 +1,7 @@
 -- Queries of the REST API; loaded by service.db.queries().
 -- Every subscription query is scoped by owner: another owner's id is as unknown as a
--- missing one.
+-- missing one. A tenant-scoped token is further limited to its tenant's subscriptions;
+-- a token without a tenant sees all of its owner's.
 
 -- name: api_ping --
 SELECT 1
@@ -30,11 +31,22 @@ SELECT resource, event
  WHERE public
  ORDER BY resource, event
 
+-- name: api_owner_lock --
+-- Serialises the creates of one owner (until commit), so that the count below is exact
+-- however many API processes create at once. The two-key form keeps it apart from the
+-- migration lock.
+SELECT pg_advisory_xact_lock(hashtext('webhooks.subscriptions'), hashtext(%(owner)s))
+
+-- name: api_subscription_count --
+SELECT count(*) FROM webhooks.subscriptions WHERE owner = %(owner)s
+
 -- name: api_subscription_insert --
+-- Inserts nothing when the owner already has `max` subscriptions; run after api_owner_lock
+-- in the same transaction.
 INSERT INTO webhooks.subscriptions (owner, tenant, resource, events, target, secret,
                                     active, last_status)
-VALUES (%(owner)s, %(tenant)s, %(resource)s, %(events)s, %(target)s, %(secret)s,
-        true, 200)
+SELECT %(owner)s, %(tenant)s, %(resource)s, %(events)s, %(target)s, %(secret)s, true, 200
+ WHERE (SELECT count(*) FROM webhooks.subscriptions WHERE owner = %(owner)s) < %(max)s
 RETURNING id, resource, events, target, active, last_status, last_success_at,
           last_failure_at, last_failure_content
 
@@ -44,6 +56,7 @@ SELECT id, resource, events, target, active, last_status, last_success_at,
        last_failure_at, last_failure_content
   FROM webhooks.subscriptions
  WHERE owner = %(owner)s
+   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
    AND id > %(after)s
    AND (%(resource)s::text IS NULL OR resource = %(resource)s::text)
    AND (%(active)s::boolean IS NULL OR active = %(active)s::boolean)
@@ -55,18 +68,21 @@ SELECT id, resource, events, target, active, last_status, last_success_at,
        last_failure_at, last_failure_content
   FROM webhooks.subscriptions
  WHERE id = %(id)s AND owner = %(owner)s
+   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
 
 -- name: api_subscription_lock --
 SELECT id, resource, events, target, active, last_status, last_success_at,
        last_failure_at, last_failure_content
   FROM webhooks.subscriptions
  WHERE id = %(id)s AND owner = %(owner)s
+   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
    FOR UPDATE
 
 -- name: api_subscription_set_active --
 UPDATE webhooks.subscriptions
    SET active = %(active)s
  WHERE id = %(id)s AND owner = %(owner)s
+   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
 RETURNING id, resource, events, target, active, last_status, last_success_at,
           last_failure_at, last_failure_content
 
@@ -74,4 +90,5 @@ RETURNING id, resource, events, target, active, last_status, last_success_at,
 -- The subscription's deliveries and their attempts go with it (ON DELETE CASCADE).
 DELETE FROM webhooks.subscriptions
  WHERE id = %(id)s AND owner = %(owner)s
+   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
 RETURNING id

@@ -1,0 +1,126 @@
+"""Prometheus metrics of the API, served at GET /metrics.
+
+Requests by route and status and their latency come from Litestar's Prometheus integration;
+handshake outcomes are counted here. Litestar's middleware keeps its metrics in the global
+registry, class-wide; the subclasses below give each app its own registry instead, so several
+apps in one process (the tests) never share or clash. Labels are bounded: route templates
+(never raw paths with ids), methods, statuses and a fixed set of handshake outcomes; never a
+token, secret or target URL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from litestar import Request, Response, get
+from litestar.plugins.prometheus import (
+    PrometheusConfig,
+    PrometheusController,
+    PrometheusMiddleware,
+)
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.metrics import MetricWrapperBase
+
+PREFIX = "webhooks_api"
+# Why a handshake ended: verified, or the target refused (answered, but not with 200 and
+# the echoed header), timed out, or could not be reached.
+HANDSHAKE_OUTCOMES = ("verified", "refused", "timeout", "unreachable")
+LATENCY_BUCKETS: list[str | float] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                      0.5, 1.0, 2.5, 5.0, 10.0]
+# The labels Litestar's middleware gives each request, in its order.
+REQUEST_LABELS = ("method", "path", "status_code", "app_name")
+
+
+class ApiMetrics:
+    """One app's registry: the request metrics (filled by the middleware) and handshakes."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.handshakes = Counter("webhooks_handshakes", "Verification handshakes by outcome "
+                                  f"({', '.join(HANDSHAKE_OUTCOMES)})", ["outcome"],
+                                  registry=self.registry)
+        for outcome in HANDSHAKE_OUTCOMES:
+            self.handshakes.labels(outcome)  # present at 0 before the first handshake
+        # Created here rather than at the first request, so that a scrape of a fresh
+        # process already names them all.
+        r, labels = self.registry, REQUEST_LABELS
+        self.request_metrics: dict[str, MetricWrapperBase] = {
+            f"{PREFIX}_requests_total": Counter(
+                f"{PREFIX}_requests_total", "Requests by route and status", labels, registry=r),
+            f"{PREFIX}_request_duration_seconds": Histogram(
+                f"{PREFIX}_request_duration_seconds", "Request duration, in seconds", labels,
+                buckets=LATENCY_BUCKETS, registry=r),
+            f"{PREFIX}_requests_in_progress": Gauge(
+                f"{PREFIX}_requests_in_progress", "Requests being served", labels, registry=r),
+            f"{PREFIX}_requests_error_total": Counter(
+                f"{PREFIX}_requests_error_total", "Requests answered with a 5xx", labels,
+                registry=r),
+        }
+
+    def handshake(self, outcome: str) -> None:
+        """Counts one handshake; `outcome` is one of HANDSHAKE_OUTCOMES."""
+        self.handshakes.labels(outcome if outcome in HANDSHAKE_OUTCOMES else "unreachable").inc()
+
+
+@dataclass
+class MetricsConfig(PrometheusConfig):
+    """PrometheusConfig that carries the app's own metrics registry."""
+
+    metrics: ApiMetrics = field(default_factory=ApiMetrics)
+
+
+class _Middleware(PrometheusMiddleware):
+    """Litestar's middleware, with its metrics kept in the app's registry."""
+
+    def _metric(self, kind: type[MetricWrapperBase], suffix: str, doc: str,
+                labels: dict[str, Any], **kwargs: Any) -> MetricWrapperBase:
+        metrics = cast(MetricsConfig, self._config).metrics
+        name = f"{self._config.prefix}_{suffix}"
+        if name not in metrics.request_metrics:
+            metrics.request_metrics[name] = kind(name, doc, [*labels], registry=metrics.registry,
+                                                 **kwargs)
+        return metrics.request_metrics[name]
+
+    def request_count(self, labels: dict[str, Any]) -> Counter:
+        return cast(Counter, self._metric(Counter, "requests_total", "Requests by route and "
+                                          "status", labels))
+
+    def request_time(self, labels: dict[str, Any]) -> Histogram:
+        return cast(Histogram, self._metric(Histogram, "request_duration_seconds",
+                                            "Request duration, in seconds", labels,
+                                            **self._kwargs))
+
+    def requests_in_progress(self, labels: dict[str, Any]) -> Gauge:
+        return cast(Gauge, self._metric(Gauge, "requests_in_progress",
+                                        "Requests being served", labels))
+
+    def requests_error_count(self, labels: dict[str, Any]) -> Counter:
+        return cast(Counter, self._metric(Counter, "requests_error_total",
+                                          "Requests answered with a 5xx", labels))
+
+
+def metrics_config(metrics: ApiMetrics) -> MetricsConfig:
+    """The Prometheus middleware configuration of an app whose registry is `metrics`."""
+    return MetricsConfig(metrics=metrics, app_name="webhooks-api", prefix=PREFIX,
+                         group_path=True, buckets=LATENCY_BUCKETS,
+                         middleware_class=_Middleware)
+
+
+class MetricsController(PrometheusController):
+    """GET /metrics: the app's registry in the Prometheus text format (no token needed)."""
+
+    path = "/metrics"
+
+    @get(include_in_schema=False, sync_to_thread=False)
+    def get(self, request: Request[Any, Any, Any]) -> Response[bytes]:
+        metrics: ApiMetrics = request.app.state.metrics
+        return Response(generate_latest(metrics.registry), status_code=200,
+                        media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,147 @@
+"""Limits that protect the service: body size, subscriptions per owner (race-free), request
+rate per token, target length, events per subscription. Each is a clear error that changes
+nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from service.config import ConfigError, Settings
+from service.ratelimit import RateLimiter, retry_after
+from tests.test_api_support import api_for, assert_error
+
+
+def test_settings_from_env() -> None:
+    settings = Settings.from_env({
+        "WEBHOOKS_MAX_BODY_BYTES": "1024", "WEBHOOKS_MAX_SUBSCRIPTIONS_PER_OWNER": "5",
+        "WEBHOOKS_MAX_EVENTS_PER_SUBSCRIPTION": "3", "WEBHOOKS_MAX_TARGET_LENGTH": "300",
+        "WEBHOOKS_RATE_LIMIT": "2.5", "WEBHOOKS_RATE_BURST": "7"})
+    assert (settings.max_body_bytes, settings.max_subscriptions_per_owner,
+            settings.max_events_per_subscription, settings.max_target_length,
+            settings.rate_limit, settings.rate_burst) == (1024, 5, 3, 300, 2.5, 7)
+    defaults = Settings.from_env({})
+    assert (defaults.max_body_bytes, defaults.max_subscriptions_per_owner,
+            defaults.max_events_per_subscription, defaults.max_target_length,
+            defaults.rate_limit, defaults.rate_burst) == (65536, 1000, 100, 2048, 100.0, 200)
+    assert Settings.from_env({"WEBHOOKS_RATE_LIMIT": "0"}).rate_limit == 0
+    for name, bad in (("WEBHOOKS_MAX_BODY_BYTES", "0"), ("WEBHOOKS_RATE_LIMIT", "-1"),
+                      ("WEBHOOKS_MAX_SUBSCRIPTIONS_PER_OWNER", "1.5"),
+                      ("WEBHOOKS_RATE_BURST", "many")):
+        with pytest.raises(ConfigError, match=name):
+            Settings.from_env({name: bad})
+
+
+def test_token_bucket() -> None:
+    now = [0.0]
+    limiter = RateLimiter(rate=2.0, burst=3, clock=lambda: now[0])
+    assert [limiter.acquire(1) for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert limiter.acquire(1) == pytest.approx(0.5)
+    assert limiter.acquire(2) == 0.0  # buckets are per key
+    now[0] = 0.5
+    assert limiter.acquire(1) == 0.0
+    assert limiter.acquire(1) > 0
+    now[0] = 100.0  # refills up to the burst, not beyond
+    assert [limiter.acquire(1) for _ in range(4)][-1] > 0
+    off = RateLimiter(rate=0.0, burst=1)
+    assert all(off.acquire(1) == 0.0 for _ in range(1000))
+    assert retry_after(0.01) == "1" and retry_after(2.2) == "3"
+
+
+async def test_body_limit_is_configurable(db_url: str) -> None:
+    async with api_for(db_url, max_body_bytes=1000) as api:
+        body = {"resource": "invoices", "events": "create", "target": api.receiver.url,
+                "x": "y" * 1000}
+        assert_error(await api.request("POST", "/api/v1/webhooks", json=body), 413,
+                     "larger than 1000 bytes")
+        assert api.receiver.received == []
+        await api.create()
+
+
+async def test_subscriptions_per_owner(db_url: str) -> None:
+    async with api_for(db_url, max_subscriptions_per_owner=2) as api:
+        await api.create()
+        await api.create(events="update")
+        handshakes = len(api.receiver.received)
+        response = await api.request("POST", "/api/v1/webhooks", json={
+            "resource": "invoices", "events": "delete", "target": api.receiver.url})
+        message = assert_error(response, 400, "WEBHOOKS_MAX_SUBSCRIPTIONS_PER_OWNER")
+        assert "2 subscriptions" in message and "delete one" in message
+        assert len(api.receiver.received) == handshakes  # the target is not bothered
+        # The limit is per owner, whatever the tenant of the token.
+        same_owner = api.new_token("alice", tenant="acme")
+        response = await api.request("POST", "/api/v1/webhooks", token=same_owner, json={
+            "resource": "invoices", "events": "delete", "target": api.receiver.url})
+        assert_error(response, 400, "WEBHOOKS_MAX_SUBSCRIPTIONS_PER_OWNER")
+        await api.create(token=api.new_token("bob"))
+        [first, _] = (await api.request("GET", "/api/v1/webhooks")).json()
+        assert (await api.request("DELETE", f"/api/v1/webhooks/{first['id']}")).status_code == 204
+        await api.create(events="delete")
+        assert api.sql("SELECT owner, count(*) FROM webhooks.subscriptions GROUP BY owner "
+                       "ORDER BY owner") == [("alice", 2), ("bob", 1)]
+
+
+async def test_subscription_limit_holds_under_concurrent_creates(db_url: str) -> None:
+    async with api_for(db_url, max_subscriptions_per_owner=3) as api:
+        body = {"resource": "invoices", "events": "create", "target": api.receiver.url}
+        responses = await asyncio.gather(*(api.request("POST", "/api/v1/webhooks", json=body)
+                                           for _ in range(12)))
+        codes = sorted(r.status_code for r in responses)
+        assert codes == [201] * 3 + [400] * 9, codes
+        for response in responses:
+            if response.status_code == 400:
+                assert_error(response, 400, "WEBHOOKS_MAX_SUBSCRIPTIONS_PER_OWNER")
+        assert api.sql("SELECT count(*) FROM webhooks.subscriptions") == [(3,)]
+
+
+async def test_rate_limit_per_token(db_url: str) -> None:
+    async with api_for(db_url, rate_limit=5.0, rate_burst=3) as api:
+        for _ in range(3):
+            assert (await api.request("GET", "/api/v1/hook_events")).status_code == 200
+        limited = await api.request("POST", "/api/v1/webhooks", json={
+            "resource": "invoices", "events": "create", "target": api.receiver.url})
+        message = assert_error(limited, 429, "WEBHOOKS_RATE_LIMIT")
+        assert int(limited.headers["retry-after"]) >= 1
+        assert api.token not in message
+        assert api.receiver.received == []  # refused before anything happened
+        assert api.sql("SELECT count(*) FROM webhooks.subscriptions") == [(0,)]
+        # Another token has its own bucket; invalid tokens are 401, not 429.
+        other = api.new_token("alice")
+        assert (await api.request("GET", "/api/v1/hook_events", token=other)).status_code == 200
+        assert_error(await api.request("GET", "/api/v1/hook_events",
+                                       token="wht_" + "Z" * 43), 401)
+        # The bucket refills: the first token gets through again without waiting long.
+        deadline = time.monotonic() + 5
+        while (await api.request("GET", "/api/v1/hook_events")).status_code == 429:
+            assert time.monotonic() < deadline, "the rate limit never lifted"
+            await asyncio.sleep(0.05)
+
+
+async def test_rate_limit_zero_is_off(db_url: str) -> None:
+    async with api_for(db_url, rate_limit=0.0, rate_burst=1) as api:
+        for _ in range(20):
+            assert (await api.request("GET", "/api/v1/hook_events")).status_code == 200
+
+
+async def test_target_length_limit(db_url: str) -> None:
+    async with api_for(db_url, max_target_length=60) as api:
+        long = api.receiver.url + "?" + "a" * 60
+        response = await api.request("POST", "/api/v1/webhooks", json={
+            "resource": "invoices", "events": "create", "target": long})
+        assert_error(response, 400, "longer than 60 characters")
+        assert api.receiver.received == []
+        await api.create()  # the receiver's own URL is short enough
+
+
+async def test_events_per_subscription_limit(db_url: str) -> None:
+    async with api_for(db_url, max_events_per_subscription=2) as api:
+        response = await api.request("POST", "/api/v1/webhooks", json={
+            "resource": "invoices", "events": "create,update,delete",
+            "target": api.receiver.url})
+        assert_error(response, 400, "WEBHOOKS_MAX_EVENTS_PER_SUBSCRIPTION")
+        assert api.receiver.received == []
+        # Duplicates and aliases collapse before counting.
+        created = await api.create(events="create, invoice.create, delete, destroy")
+        assert created["events"] == "invoice.create,invoice.delete"
