@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import PYTHON, Proc, Procs, peak_rss_mb, wait_until
+import psycopg
+
+from bench.common import PYTHON, Proc, Procs, cpu_seconds, peak_rss_mb, wait_until
 from bench.receiver import read_port
 
 # The worker's settings in every scenario unless one overrides them. A short shutdown
@@ -110,7 +112,17 @@ class Context:
             tail = proc.tail()
             self.procs.stop(proc)
             raise RuntimeError(f"the worker did not start: {tail or 'no output'}")
+        # A row committed before the worker LISTENs waits for its catch-up or poll; the
+        # scenarios measure a running worker, so they start once it listens.
+        wait_until(self._listening, 10, interval=0.05)
         return proc
+
+    def _listening(self) -> bool:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND query ILIKE 'LISTEN%%' AND state = 'idle'").fetchone()
+        return bool(row and row[0] > 0)
 
     @contextmanager
     def worker(self, **env: str) -> Iterator[Proc]:
@@ -122,6 +134,36 @@ class Context:
                 raise RuntimeError(f"the worker exited: {proc.tail()}")
         finally:
             self.procs.stop(proc)
+
+    def cpu(self, proc: Proc) -> float:
+        """CPU seconds the process has used so far (0 when unknown)."""
+        return cpu_seconds(proc.main_pid()) or 0.0
+
+    def db_cpu(self) -> dict[int, float]:
+        """CPU seconds so far of each server process of the bench database (empty when the
+        server is not on this machine, whose /proc then shows none of them)."""
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            pids = [r[0] for r in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid()").fetchall()]
+        return {pid: cpu for pid in pids if (cpu := cpu_seconds(pid)) is not None}
+
+    def cpu_note(self, proc: Proc, before: tuple[float, dict[int, float], float]) -> str:
+        """"worker CPU x% of a core, its database backends y%" since `before`
+        (a cpu_mark() taken at the start of the measured window)."""
+        cpu0, db0, t0 = before
+        elapsed = max(time.time() - t0, 1e-9)
+        own = (self.cpu(proc) - cpu0) / elapsed
+        db1 = self.db_cpu()
+        note = f"{proc.name} CPU {own:.0%} of a core"
+        if db1:
+            backends = sum(c - db0.get(pid, 0.0) for pid, c in db1.items()) / elapsed
+            note += f", Postgres backends {backends:.0%}"
+        return note
+
+    def cpu_mark(self, proc: Proc) -> tuple[float, dict[int, float], float]:
+        """The start of a window cpu_note() measures."""
+        return self.cpu(proc), self.db_cpu(), time.time()
 
     def rss_mb(self, proc: Proc) -> float | None:
         """The peak RSS of a running process, in MB."""

@@ -63,18 +63,21 @@ def throughput(ctx: Context) -> list[Result]:
         create_table(conn, "thr_rows", attach="thr_rows", pad=PAD)
         subscribe(conn, "thr_rows", [ctx.target("thr", i) for i in range(SUBSCRIPTIONS)])
         ctx.reset_receiver()
-        with ctx.worker():
+        with ctx.worker() as worker:
+            mark = ctx.cpu_mark(worker)
             committed = insert_rows(conn, "thr_rows", rows)
             rate, notes = measure_drain(ctx, "thr", rows * SUBSCRIPTIONS,
                                         60 if ctx.quick else 180)
             count, _, first, last = receipt_rate(ctx, "thr")
+            cpu = ctx.cpu_note(worker, mark)
     end_to_end = count / (last - committed) if last > committed else 0.0
     raw_all = ", ".join(f"{k} {v:,.0f}" for k, v in ctx.cache.get("raw_rates", {}).items())
     results = [
         ratio_result("throughput: deliveries/s, one worker", rate, limit, "req/s", 0.6,
                      notes + f"{count:,} deliveries ({rows:,} rows x {SUBSCRIPTIONS} subs), "
                      f"first→last receipt; commit→first {first - committed:.2f}s (fan-out), "
-                     f"commit→last {end_to_end:,.0f}/s; limit = {how}; raw aiohttp: "
+                     f"commit→last {end_to_end:,.0f}/s; {cpu}; "
+                     f"limit = {how}; raw aiohttp: "
                      f"{raw_all}"),
         info_result("throughput: raw httpx.AsyncClient (reference)", max(httpx_rates.values()),
                     limit, "req/s", "httpx's own transport: "

@@ -47,8 +47,8 @@ def rows(results: Sequence[Result]) -> list[tuple[str, ...]]:
 def text_table(results: Sequence[Result]) -> str:
     """The table printed at the end of a run (long error texts are not truncated)."""
     body = rows(results)
-    widths = [max(len(h), *(len(row[i]) for row in body if row[6] != "error" or i == 0))
-              if body else len(h) for i, h in enumerate(HEADERS)]
+    widths = [max([len(h), *(len(row[i]) for row in body if row[6] != "error" or i == 0)])
+              for i, h in enumerate(HEADERS)]
     widths[1] = max(widths[1], 8)
 
     def line(cells: Sequence[str]) -> str:

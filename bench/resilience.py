@@ -44,17 +44,19 @@ def backlog(ctx: Context) -> list[Result]:
         ctx.reset_receiver()
         with ctx.worker() as worker:
             idle_rss = ctx.rss_mb(worker)
-            started = time.time()
+            started, mark = time.time(), ctx.cpu_mark(worker)
             # Quick runs cap the wait: the rate of what arrived by then is still a rate.
             rate, notes = measure_drain(ctx, "backlog", total, 25 if ctx.quick else 600)
             peak = ctx.rss_mb(worker)
+            cpu = ctx.cpu_note(worker, mark)
             count, _, first, last = receipt_rate(ctx, "backlog")
     overall = count / (last - started) if last > started else 0.0
     return [
         ratio_result("backlog: drain rate", rate, limit, "req/s", 0.6,
                      notes + f"{count:,} deliveries ({rows:,} rows x {SUBSCRIPTIONS} subs) "
                      f"first→last receipt; fan-out before the first: {first - started:.1f}s; "
-                     f"worker start→last {overall:,.0f}/s; limit = {how}"),
+                     f"worker start→last {overall:,.0f}/s; {cpu}; "
+                     f"limit = {how}"),
         ceiling_result("backlog: worker peak RSS", peak, None, "MB", 200,
                        f"VmHWM after draining {count:,} deliveries; "
                        + (f"{idle_rss:.0f} MB when started" if idle_rss else "")),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -135,6 +136,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         info = report.machine(url)
     finally:
         procs.stop_all()
+        # Process logs stay only when asked for, to see why a scenario failed.
+        if os.environ.get("BENCH_DEBUG"):
+            print(f"bench: process logs in {procs.workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(procs.workdir, ignore_errors=True)
         if not args.keep_db:
             drop_database(admin_url, BENCH_DB)
 
