@@ -38,15 +38,23 @@ async def fan_out_batch(pool: AsyncConnectionPool, limit: int,
     return row
 
 
-async def drain_outbox(pool: AsyncConnectionPool, batch_size: int,
-                       max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> int:
-    """Fans out batches until the outbox is empty (or another worker is doing it).
+@dataclass
+class Drained:
+    """What one drain_outbox call did."""
 
-    Returns the number of deliveries created.
-    """
-    created = 0
+    taken: int = 0  # outbox rows processed
+    created: int = 0  # deliveries created
+    locked: bool = True  # False when another worker held the fan-out lock
+
+
+async def drain_outbox(pool: AsyncConnectionPool, batch_size: int,
+                       max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> Drained:
+    """Fans out batches until the outbox is empty (or another worker is doing it)."""
+    done = Drained()
     while True:
         batch = await fan_out_batch(pool, batch_size, max_row_bytes)
-        created += batch.created
+        done.taken += batch.taken
+        done.created += batch.created
+        done.locked = batch.locked
         if not batch.locked or batch.taken < batch_size:
-            return created
+            return done

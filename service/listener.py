@@ -32,6 +32,7 @@ class Listener:
         self._max_backoff = max_backoff
         self.connected = asyncio.Event()
         self.connections = 0  # successful connections so far; tests watch reconnects
+        self.pid: int | None = None  # backend pid of the current LISTEN connection
 
     async def run(self) -> None:
         """Listens until cancelled; connection failures are logged and retried."""
@@ -56,6 +57,7 @@ class Listener:
         )
         async with conn:
             await conn.execute(query("listen"))
+            self.pid = conn.info.backend_pid
             self.connections += 1
             self.connected.set()
             self._wake()  # anything committed while we were not listening

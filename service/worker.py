@@ -37,6 +37,10 @@ PRUNE_EVERY = 60.0
 PRUNE_BATCH = 1000
 # Shortest sleep when work is due but could not be claimed (locked by another worker).
 MIN_WAIT = 0.01
+# A worker that has found outbox work for this long stops asking for notifications.
+DISARM_AFTER = 0.2
+# First recheck of the outbox after arming the wakeup row.
+RECHECK_MIN = 0.05
 # Plain secrets kept in memory at most, keyed by their stored (maybe encrypted) form.
 SECRET_CACHE = 10_000
 
@@ -52,6 +56,7 @@ class WorkerStats:
     failed: int = 0
     released: int = 0
     db_errors: int = 0
+    disarmed: int = 0  # times a backlog made the worker stop asking for NOTIFY
 
 
 class Worker:
@@ -79,6 +84,10 @@ class Worker:
         self._outbox_due = True
         self._last_fanout = 0.0
         self._main: asyncio.Task[None] | None = None
+        # The listener pid this worker's wakeup row is armed with (None: not armed).
+        self._armed_pid: int | None = None
+        self._armed_at: float | None = None
+        self._busy_since: float | None = None
 
     @property
     def pool(self) -> AsyncConnectionPool:
@@ -121,6 +130,7 @@ class Worker:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
             await self._drain(recorder)
+            await self._disarm()
             log.info("worker stopped", extra={"released": self.stats.released})
 
     async def _loop(self) -> None:
@@ -144,17 +154,19 @@ class Worker:
 
     async def _step(self) -> float:
         loop = asyncio.get_running_loop()
-        if self._outbox_due or loop.time() - self._last_fanout >= self.settings.poll_interval:
+        if self._outbox_due or loop.time() - self._last_fanout >= self._fanout_interval():
             self._outbox_due = False
             self._last_fanout = loop.time()
             try:
-                fanned = await drain_outbox(self._pool, self.settings.batch_size,
-                                            self.settings.max_row_bytes)
-                self.stats.fanned_out += fanned
-                self.metrics.fanned_out.inc(fanned)
+                drained = await drain_outbox(self._pool, self.settings.batch_size,
+                                             self.settings.max_row_bytes)
+                self.stats.fanned_out += drained.created
+                self.metrics.fanned_out.inc(drained.taken)
             except BaseException:
                 self._outbox_due = True
                 raise
+            if drained.locked:
+                await self._update_wakeup(found=drained.taken > 0)
         free = self.concurrency - len(self._inflight)
         if free <= 0:
             return self.settings.poll_interval  # a finishing task wakes us
@@ -172,15 +184,60 @@ class Worker:
             cur = await conn.execute(query("next_due"), {"saturated": saturated})
             row = await cur.fetchone()
         due = row[0] if row else None
+        until_fanout = self._last_fanout + self._fanout_interval() - loop.time()
         if due is None:
-            return self.settings.poll_interval
-        return min(max(due, MIN_WAIT), self.settings.poll_interval)
+            return max(until_fanout, MIN_WAIT)
+        return min(max(due, MIN_WAIT), max(until_fanout, MIN_WAIT))
+
+    def _fanout_interval(self) -> float:
+        """How long the outbox may go unchecked without a notification.
+
+        Not armed (busy with a backlog, or not yet listening), no notification comes:
+        the outbox is checked every 50 ms. Right after arming, a writer whose trigger ran
+        before the wakeup row was visible may still commit without a NOTIFY: the outbox is
+        checked again 50 ms, then about 100, 200, 400 ms ... after arming, up to the poll
+        interval, which covers notifications lost any other way.
+        """
+        if self._armed_pid is None or self._armed_at is None:
+            return RECHECK_MIN
+        since = asyncio.get_running_loop().time() - self._armed_at
+        return min(max(since, RECHECK_MIN), self.settings.poll_interval)
+
+    async def _update_wakeup(self, found: bool) -> None:
+        """Arms the wakeup row when the outbox is empty, disarms it under a backlog."""
+        now = asyncio.get_running_loop().time()
+        if found:
+            if self._busy_since is None:
+                self._busy_since = now
+            if self._armed_pid is not None and now - self._busy_since >= DISARM_AFTER:
+                self.stats.disarmed += 1
+                await self._disarm()
+            return
+        self._busy_since = None
+        pid = self.listener.pid
+        if pid is None or pid == self._armed_pid:
+            return
+        async with self._pool.connection() as conn:
+            await conn.execute(query("wakeup_arm"), {"pid": pid, "old_pid": self._armed_pid})
+        self._armed_pid, self._armed_at = pid, now
+        self._outbox_due = True  # check once more: a commit may have raced the arming
 
     async def _wait(self, timeout: float) -> None:
         if timeout <= 0 or self._stopping.is_set():
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout)
+
+    async def _disarm(self) -> None:
+        if self._armed_pid is None:
+            return
+        try:
+            async with self._pool.connection() as conn:
+                await conn.execute(query("wakeup_disarm"), {"pid": self._armed_pid})
+        except (psycopg.Error, OSError) as exc:
+            # A row left behind only costs writers a NOTIFY; the next arming removes it.
+            log.warning("could not remove the wakeup row: %s", exc)
+        self._armed_pid = self._armed_at = None
 
     def _start(self, c: Claim) -> None:
         self.stats.claimed += 1

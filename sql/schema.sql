@@ -78,6 +78,14 @@ CREATE TABLE webhooks.outbox (
     row_data        jsonb
 );
 
+-- Workers waiting for work, one row per worker's LISTEN connection (its backend pid).
+-- The capture trigger sends NOTIFY only while a row exists; a worker busy with a backlog
+-- removes its row, and rows of connections that are gone are cleaned up by the workers.
+CREATE TABLE webhooks.wakeups (
+    pid       integer PRIMARY KEY,
+    armed_at  timestamptz NOT NULL DEFAULT now()
+);
+
 -- Events that at least one subscription wanted, with the delivery body built once.
 CREATE TABLE webhooks.events (
     id              bigint PRIMARY KEY,

@@ -146,6 +146,7 @@ def test_one_notification_per_transaction_without_row_data(db_url: str,
                                                            ) -> None:
     with psycopg.connect(db_url, autocommit=True) as listener:
         listener.execute("LISTEN webhooks")
+        arm(listener)
         with subscribed.transaction():
             for i in range(3):
                 subscribed.execute("INSERT INTO invoices (number, customer, amount) "
@@ -156,23 +157,53 @@ def test_one_notification_per_transaction_without_row_data(db_url: str,
     assert notes[0].channel == "webhooks" and notes[0].payload == ""
 
 
+def arm(listener: psycopg.Connection) -> None:
+    """Registers the connection as a waiting worker, as the worker does before it sleeps."""
+    listener.execute("INSERT INTO webhooks.wakeups (pid) VALUES (pg_backend_pid())")
+
+
+def notifications_before_marker(listener: psycopg.Connection, writer: psycopg.Connection
+                                ) -> list[str]:
+    """Channels notified before a marker the writer sends now (the listener hears it)."""
+    writer.execute("NOTIFY webhooks_marker")
+    seen = []
+    for note in listener.notifies(timeout=5.0):
+        seen.append(note.channel)
+        if note.channel == "webhooks_marker":
+            break
+    return seen
+
+
+def test_no_notification_while_no_worker_waits(db_url: str,
+                                               subscribed: psycopg.Connection) -> None:
+    with psycopg.connect(db_url, autocommit=True) as listener:
+        listener.execute("LISTEN webhooks")
+        listener.execute("LISTEN webhooks_marker")
+        subscribed.execute("INSERT INTO invoices (number, customer, amount) "
+                           "VALUES ('busy', 'c', 1)")
+        assert notifications_before_marker(listener, subscribed) == ["webhooks_marker"]
+        arm(listener)
+        subscribed.execute("INSERT INTO invoices (number, customer, amount) "
+                           "VALUES ('idle', 'c', 1)")
+        assert notifications_before_marker(listener, subscribed) == [
+            "webhooks", "webhooks_marker"]
+    # Captured either way: the notification only wakes.
+    assert [r["row_data"]["number"] for r in outbox(subscribed)] == ["busy", "idle"]
+
+
 def test_no_notification_for_a_rolled_back_transaction(db_url: str,
                                                        subscribed: psycopg.Connection) -> None:
     with psycopg.connect(db_url, autocommit=True) as listener:
         listener.execute("LISTEN webhooks")
         listener.execute("LISTEN webhooks_marker")
+        arm(listener)
         with pytest.raises(RuntimeError), subscribed.transaction():
             subscribed.execute("INSERT INTO invoices (number, customer, amount) "
                                "VALUES ('x', 'y', 1)")
             raise RuntimeError("roll back")
         # A marker sent after the rollback: whatever the rollback sent would arrive before it.
-        subscribed.execute("NOTIFY webhooks_marker")
-        seen = []
-        for note in listener.notifies(timeout=5.0):
-            seen.append(note.channel)
-            if note.channel == "webhooks_marker":
-                break
-    assert "webhooks" not in seen
+        seen = notifications_before_marker(listener, subscribed)
+    assert seen == ["webhooks_marker"]
 
 
 def test_changes_from_psql_are_captured(db_url: str, subscribed: psycopg.Connection) -> None:
@@ -197,3 +228,19 @@ def test_application_role_needs_no_rights_on_the_webhooks_schema(
     finally:
         conn.execute("REVOKE ALL ON invoices FROM webhooks_test_app")
         conn.execute("DROP ROLE webhooks_test_app")
+
+
+def test_a_callers_search_path_cannot_hijack_the_definer_function(
+        subscribed: psycopg.Connection) -> None:
+    conn = subscribed
+    conn.execute("CREATE SCHEMA hijack")
+    conn.execute("CREATE FUNCTION hijack.to_jsonb(anyelement) RETURNS jsonb "
+                 "LANGUAGE sql AS $$ SELECT '{\"hijacked\": true}'::jsonb $$")
+    conn.execute("CREATE FUNCTION hijack.statement_timestamp() RETURNS timestamptz "
+                 "LANGUAGE sql AS $$ SELECT 'epoch'::timestamptz $$")
+    with conn.transaction():
+        conn.execute("SET LOCAL search_path = hijack, public, pg_catalog")
+        conn.execute("INSERT INTO invoices (number, customer, amount) VALUES ('H', 'c', 1)")
+    row = outbox(conn)[-1]
+    assert row["row_data"]["number"] == "H"
+    assert row["occurred_at"].year > 2000

@@ -68,7 +68,7 @@ def test_two_processes_migrating_at_once(empty_db: str) -> None:
     with psycopg.connect(empty_db) as conn:
         tables = conn.execute("SELECT count(*) FROM information_schema.tables "
                               "WHERE table_schema = 'webhooks'").fetchone()
-    assert tables == (8,)
+    assert tables == (9,)
 
 
 def test_query_files_parse() -> None:

@@ -213,3 +213,17 @@ DELETE FROM webhooks.events e
 
 -- name: listen --
 LISTEN webhooks
+
+-- name: wakeup_arm --
+-- This worker waits: writers' triggers send NOTIFY while a row exists. Rows of
+-- connections that no longer exist (a killed worker, a restart) are removed on the way.
+WITH gone AS (
+    DELETE FROM webhooks.wakeups w
+     WHERE w.pid = %(old_pid)s
+        OR NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = w.pid)
+)
+INSERT INTO webhooks.wakeups (pid) VALUES (%(pid)s)
+ON CONFLICT (pid) DO UPDATE SET armed_at = now()
+
+-- name: wakeup_disarm --
+DELETE FROM webhooks.wakeups WHERE pid = %(pid)s

@@ -1,0 +1,72 @@
+"""The wakeup rows: an idle worker asks for NOTIFY, a busy one stops asking, none linger."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import psycopg
+
+from service import worker as worker_module
+from tests.receivers import Receiver
+from tests.test_worker_helpers import add_invoice, running_worker, subscribe
+
+
+def wakeup_pids(conn: psycopg.Connection) -> list[int]:
+    return [r[0] for r in conn.execute("SELECT pid FROM webhooks.wakeups ORDER BY pid")]
+
+
+async def poll(predicate: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_idle_worker_arms_with_its_listener_pid_and_disarms_on_stop(
+        db_url: str, conn: psycopg.Connection) -> None:
+    conn.execute("INSERT INTO webhooks.wakeups (pid) VALUES (999999)")  # a dead connection
+    async with running_worker(db_url) as worker:
+        await poll(lambda: wakeup_pids(conn) == [worker.listener.pid])
+        listening = conn.execute("SELECT count(*) FROM pg_stat_activity "
+                                 "WHERE pid = %s AND query ILIKE 'LISTEN%%'",
+                                 (worker.listener.pid,)).fetchone()
+        assert listening == (1,)
+    assert wakeup_pids(conn) == []
+
+
+async def test_notified_delivery_is_fast_when_armed(db_url: str,
+                                                    conn: psycopg.Connection) -> None:
+    receiver = await Receiver().start()
+    try:
+        subscribe(conn, receiver.url)
+        # A long poll interval: only the notification can make this quick.
+        async with running_worker(db_url, poll_interval=30.0) as worker:
+            await poll(lambda: wakeup_pids(conn) == [worker.listener.pid])
+            await asyncio.sleep(0)  # let the post-arming rechecks pass their first step
+            started = time.monotonic()
+            add_invoice(conn, "FAST-1")
+            await receiver.wait_for(lambda r: len(r.deliveries()) == 1, timeout=5)
+            assert time.monotonic() - started < 2.0
+    finally:
+        await receiver.stop()
+
+
+async def test_a_backlog_disarms_and_the_worker_keeps_polling(
+        db_url: str, conn: psycopg.Connection, monkeypatch: object) -> None:
+    receiver = await Receiver().start()
+    try:
+        subscribe(conn, receiver.url)
+        monkeypatch.setattr(worker_module, "DISARM_AFTER", 0.0)  # type: ignore[attr-defined]
+        async with running_worker(db_url, poll_interval=30.0, batch_size=10) as worker:
+            await poll(lambda: wakeup_pids(conn) == [worker.listener.pid])
+            # Rows arrive faster than one fan-out batch: the worker sees a backlog twice.
+            conn.execute("INSERT INTO invoices (number, customer, amount) "
+                         "SELECT 'B-' || i, 'c', 1 FROM generate_series(1, 300) i")
+            await receiver.wait_for(lambda r: len(r.deliveries()) == 300, timeout=10)
+            assert worker.stats.disarmed >= 1
+            # With nobody armed no NOTIFY is sent; the worker's 50 ms checks still find these.
+            add_invoice(conn, "AFTER")
+            await receiver.wait_for(lambda r: len(r.deliveries()) == 301, timeout=10)
+    finally:
+        await receiver.stop()
