@@ -49,5 +49,9 @@ bench-quick: install ## a short benchmark run (under two minutes)
 chaos: install ## kill workers, restart Postgres, cut LISTEN: prove nothing is lost (own cluster)
 	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
 
+fuzz: install ## schemathesis against the API's OpenAPI document, long run (FUZZ_EXAMPLES=300)
+	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-300} $(DEVDB) --shared-ok -- \
+	  $(BIN)/python -m pytest tests/test_fuzz.py -s $(PYTEST_ARGS)
+
 clean: ## remove the virtualenv and caches (keeps .pgdata)
 	rm -rf $(VENV) .pgdata-chaos .pytest_cache .mypy_cache .ruff_cache

@@ -44,6 +44,7 @@ from service.api_models import (
     UpdateOperation,
     bool_field,
     check_fields,
+    check_single,
     check_unchanged,
     parse_active,
     parse_after,
@@ -186,6 +187,7 @@ async def list_webhooks(
         description="only ids greater than this (the Link header's next page)")] = None,
 ) -> Response[list[Subscription]]:
     """The caller's subscriptions, oldest first; a `Link: <...>; rel="next"` when more remain."""
+    check_single(request.query_params.dict(), ("resource", "active", "limit", "after"))
     wanted = parse_limit(limit)
     params = {**_scope(principal), "resource": query_text("resource", resource),
               "active": parse_active(active), "after": parse_after(after),

@@ -7,6 +7,7 @@ mistake gets a message naming the field and the problem, in the order the API pr
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -139,6 +140,14 @@ def query_text(name: str, value: str | None) -> str | None:
     if value is not None and "\x00" in value:
         raise ApiError(400, f"query parameter {name!r} must not contain NUL characters")
     return value
+
+
+def check_single(params: Mapping[str, list[str]], names: tuple[str, ...]) -> None:
+    """400 when one of the named query parameters is given more than once (which one would
+    count is a guess, so none does)."""
+    for name in names:
+        if len(params.get(name, ())) > 1:
+            raise ApiError(400, f"query parameter {name!r} is given more than once")
 
 
 def parse_id(text: str) -> int | None:

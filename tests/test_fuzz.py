@@ -1,0 +1,179 @@
+"""Schemathesis against the service's own /schema/openapi.json: every operation, with a valid
+token, without one and with a wrong one, positive and negative data. No 5xx; every answer
+conforms to the document (status, content type, headers, body schema); every error is
+{"error": str}.
+
+FUZZ_EXAMPLES sets the examples per operation, mode and auth (`make fuzz` raises it); the
+bounded default keeps this test under a minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
+from schemathesis import Case, CheckContext, GenerationMode, Response
+from schemathesis.checks import (
+    content_type_conformance,
+    ignored_auth,
+    negative_data_rejection,
+    not_a_server_error,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from service import tokens
+from service.config import Settings
+from tests.receivers import Receiver
+from tests.test_api_support import serving
+
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "25"))
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
+          response_headers_conformance, response_schema_conformance]
+
+
+@dataclass
+class Served:
+    """The API and a receiver for handshakes, both on loopback, run by a background loop."""
+
+    url: str
+    receiver: str
+    token: str
+    ids: list[int]
+    counts: dict[str, int]
+
+
+@pytest.fixture
+def served(db_url: str) -> Iterator[Served]:
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    stop = asyncio.Event()
+    box: dict[str, Any] = {}
+
+    async def main() -> None:
+        receiver = await Receiver().start()
+        settings = Settings(database_url=db_url, allow_private_targets=True,
+                            verify_timeout=1.0, rate_limit=0.0)
+        try:
+            async with serving(settings) as url:
+                box.update(url=url, receiver=receiver.url)
+                started.set()
+                await stop.wait()
+        finally:
+            await receiver.stop()
+
+    thread = threading.Thread(target=lambda: loop.run_until_complete(main()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not started.wait(0.05):
+        assert thread.is_alive() and time.monotonic() < deadline, "the API did not start"
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        token = tokens.create(conn, "fuzz")[1]
+    ids = []
+    with httpx.Client(base_url=box["url"], timeout=30,
+                      headers={"Authorization": f"Bearer {token}"}) as http:
+        for events in EVENTS:
+            response = http.post("/api/v1/webhooks", json={
+                "resource": "invoices", "events": events, "target": box["receiver"]})
+            assert response.status_code == 201, response.text
+            ids.append(response.json()["id"])
+    try:
+        yield Served(box["url"], box["receiver"], token, ids, {})
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(20)
+
+
+def error_shape(ctx: CheckContext, response: Response, case: Case) -> bool | None:
+    """Every 4xx/5xx body is exactly {"error": "<non-empty string>"}."""
+    if response.status_code >= 400:
+        body = response.json()
+        assert isinstance(body, dict) and set(body) == {"error"}, f"not an error body: {body}"
+        assert isinstance(body["error"], str) and body["error"], f"empty error: {body}"
+    return None
+
+
+AUTHS = ("token", "none", "wrong")
+EVENTS = ("create", "invoice.update, payment.create", "destroy,create")
+
+
+def _run(served: Served, strategy: Any, checks: list[Any], examples: int) -> None:
+    """Runs `examples` cases per auth mode of one operation and generation mode."""
+
+    @settings(max_examples=examples * len(AUTHS), deadline=None, database=None,
+              phases=[Phase.explicit, Phase.generate, Phase.shrink],
+              suppress_health_check=list(HealthCheck))
+    @given(case=strategy, auth=st.sampled_from(AUTHS), real_target=st.booleans(),
+           events=st.sampled_from(EVENTS), known_id=st.booleans())
+    def check(case: Case, auth: str, real_target: bool, events: str, known_id: bool) -> None:
+        headers = {k: v for k, v in (case.headers or {}).items()
+                   if k.lower() != "authorization"}
+        if auth == "token":
+            headers["Authorization"] = f"Bearer {served.token}"
+        elif auth == "wrong":
+            headers["Authorization"] = "Bearer wht_" + "0" * 43
+        case.headers = headers
+        if (real_target and case.method == "POST" and isinstance(case.body, dict)
+                and "target" in case.body):
+            # Half of the creates name a real resource and receiver, so the handshake and
+            # the 201 path are fuzzed too, not only refusals.
+            case.body = {**case.body, "resource": "invoices", "events": events,
+                         "target": served.receiver}
+        if known_id and "webhook_id" in (case.path_parameters or {}):
+            # And half of the ids are of subscriptions that exist (some of them deleted).
+            case.path_parameters = {**(case.path_parameters or {}),
+                                    "webhook_id": str(served.ids[len(served.counts) %
+                                                                 len(served.ids)])}
+        extra = [ignored_auth] if auth == "token" and case.path.startswith("/api") else []
+        response = case.call(base_url=served.url, timeout=30)
+        key = f"{case.method} {response.status_code}"
+        served.counts[key] = served.counts.get(key, 0) + 1
+        case.validate_response(response, checks=checks + extra,
+                               additional_checks=[error_shape], headers=headers)
+
+    check()
+
+
+def _fuzz(served: Served, examples: int) -> None:
+    schema = schemathesis.openapi.from_url(served.url + "/schema/openapi.json")
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert {op.label for op in operations} >= {
+        "GET /api/v1/webhooks", "POST /api/v1/webhooks", "GET /api/v1/webhooks/{webhook_id}",
+        "PUT /api/v1/webhooks/{webhook_id}", "DELETE /api/v1/webhooks/{webhook_id}",
+        "GET /api/v1/hook_events", "GET /healthz", "GET /readyz"}
+    for operation in operations:
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            if mode is GenerationMode.NEGATIVE and not (
+                    operation.body or operation.query or operation.path_parameters):
+                continue  # nothing of it can be made invalid
+            checks = CHECKS + ([negative_data_rejection] if mode is GenerationMode.NEGATIVE
+                               else [])
+            try:
+                _run(served, operation.as_strategy(generation_mode=mode), checks, examples)
+            except Unsatisfiable:
+                # Nothing of this operation can be made invalid (no parameters, no body).
+                assert mode is GenerationMode.NEGATIVE, operation.label
+
+
+@pytest.mark.timeout(900)
+def test_schemathesis_finds_nothing(served: Served) -> None:
+    _fuzz(served, EXAMPLES)
+    total = sum(served.counts.values())
+    print(f"\nschemathesis: {total} requests; by method and status: "
+          + ", ".join(f"{k}: {v}" for k, v in sorted(served.counts.items())))
+    assert served.counts.get("POST 201", 0) > 0 or EXAMPLES < 4, served.counts
+    assert not any(k.endswith(tuple(f" {c}" for c in range(500, 600)))
+                   for k in served.counts)
