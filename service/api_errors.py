@@ -22,6 +22,8 @@ from litestar.exceptions import (
 from litestar.types import ExceptionHandlersMap
 from psycopg_pool import PoolTimeout
 
+from service.logs import redact
+
 log = logging.getLogger("webhooks.api")
 
 # The default of WEBHOOKS_MAX_BODY_BYTES; the app's own limit is in its settings.
@@ -47,8 +49,9 @@ class ApiError(Exception):
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None
                    ) -> Response[ErrorBody]:
-    """The JSON error response every failure ends as."""
-    return Response(ErrorBody(error=message), status_code=status, headers=headers,
+    """The JSON error response every failure ends as; secrets and tokens, even a client's
+    own echoed back, are masked."""
+    return Response(ErrorBody(error=redact(message)), status_code=status, headers=headers,
                     media_type="application/json")
 
 

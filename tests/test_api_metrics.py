@@ -19,7 +19,7 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 @pytest.fixture
 async def api(db_url: str) -> AsyncIterator[Api]:
-    async with api_for(db_url, verify_timeout=0.5) as running:
+    async with api_for(db_url, verify_timeout=5.0) as running:
         yield running
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,3 +119,35 @@ def assert_error(response: httpx.Response, status: int, fragment: str = "") -> s
     assert isinstance(body["error"], str) and body["error"]
     assert fragment.lower() in body["error"].lower(), body["error"]
     return str(body["error"])
+
+
+@contextlib.contextmanager
+def background_api(settings: Settings) -> Iterator[tuple[str, str]]:
+    """The app and a handshake-answering receiver served by an event loop in a thread, for
+    synchronous tests (hypothesis, schemathesis); yields (API URL, receiver URL)."""
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    stop = asyncio.Event()
+    urls: list[str] = []
+
+    async def main() -> None:
+        receiver = await Receiver().start()
+        try:
+            async with serving(settings) as url:
+                urls[:] = [url, receiver.url]
+                started.set()
+                await stop.wait()
+        finally:
+            await receiver.stop()
+
+    thread = threading.Thread(target=lambda: loop.run_until_complete(main()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not started.wait(0.05):
+        assert thread.is_alive() and time.monotonic() < deadline, "the API did not start"
+    try:
+        yield urls[0], urls[1]
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(20)
+        loop.close()

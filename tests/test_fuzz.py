@@ -9,10 +9,7 @@ bounded default keeps this test under a minute.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -37,8 +34,7 @@ from schemathesis.checks import (
 
 from service import tokens
 from service.config import Settings
-from tests.receivers import Receiver
-from tests.test_api_support import serving
+from tests.test_api_support import background_api
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "25"))
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
@@ -58,43 +54,20 @@ class Served:
 
 @pytest.fixture
 def served(db_url: str) -> Iterator[Served]:
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    stop = asyncio.Event()
-    box: dict[str, Any] = {}
-
-    async def main() -> None:
-        receiver = await Receiver().start()
-        settings = Settings(database_url=db_url, allow_private_targets=True,
-                            verify_timeout=1.0, rate_limit=0.0)
-        try:
-            async with serving(settings) as url:
-                box.update(url=url, receiver=receiver.url)
-                started.set()
-                await stop.wait()
-        finally:
-            await receiver.stop()
-
-    thread = threading.Thread(target=lambda: loop.run_until_complete(main()), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not started.wait(0.05):
-        assert thread.is_alive() and time.monotonic() < deadline, "the API did not start"
-    with psycopg.connect(db_url, autocommit=True) as conn:
+    settings = Settings(database_url=db_url, allow_private_targets=True, verify_timeout=1.0,
+                        rate_limit=0.0)
+    with background_api(settings) as (url, receiver), \
+            psycopg.connect(db_url, autocommit=True) as conn:
         token = tokens.create(conn, "fuzz")[1]
-    ids = []
-    with httpx.Client(base_url=box["url"], timeout=30,
-                      headers={"Authorization": f"Bearer {token}"}) as http:
-        for events in EVENTS:
-            response = http.post("/api/v1/webhooks", json={
-                "resource": "invoices", "events": events, "target": box["receiver"]})
-            assert response.status_code == 201, response.text
-            ids.append(response.json()["id"])
-    try:
-        yield Served(box["url"], box["receiver"], token, ids, {})
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(20)
+        ids = []
+        with httpx.Client(base_url=url, timeout=30,
+                          headers={"Authorization": f"Bearer {token}"}) as http:
+            for events in EVENTS:
+                response = http.post("/api/v1/webhooks", json={
+                    "resource": "invoices", "events": events, "target": receiver})
+                assert response.status_code == 201, response.text
+                ids.append(response.json()["id"])
+        yield Served(url, receiver, token, ids, {})
 
 
 def error_shape(ctx: CheckContext, response: Response, case: Case) -> bool | None:
