@@ -208,3 +208,11 @@ async def test_create_answers_with_location(api: Api) -> None:
     response = await api.request("POST", "/api/v1/webhooks", json={
         "resource": "invoices", "events": "create", "target": api.receiver.url})
     assert response.headers["location"] == f"/api/v1/webhooks/{response.json()['id']}"
+
+
+async def test_repeated_list_parameters_are_400(api: Api) -> None:
+    for query in ("limit=1&limit=2", "resource=invoices&resource=x", "active=true&active=false",
+                  "after=1&after=1"):
+        name = query.split("=")[0]
+        assert_error(await api.request("GET", f"/api/v1/webhooks?{query}"), 400,
+                     f"'{name}' is given more than once")
