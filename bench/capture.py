@@ -3,9 +3,11 @@
 pgbench with 2 clients inserts into three tables of the same shape: one unattached (the
 limit), one attached with an active subscription, one attached that nobody subscribes
 to; single-row INSERTs with synchronous_commit on and off, and 100-row INSERT ... SELECT
-statements. Runs are interleaved and repeated (the median counts) because one run on a
-shared 2-core machine is noisy; the tables and the outbox are emptied before every run so
-that their growth does not favour whichever configuration runs first.
+statements; and, as an info row, single-row INSERTs while a worker waits (the triggers
+NOTIFY only then, see webhooks.wakeups). Runs are interleaved and repeated (the median
+counts) because one run on a shared 2-core machine is noisy; the tables and the outbox
+are emptied before every run so that their growth does not favour whichever
+configuration runs first.
 """
 
 from __future__ import annotations
@@ -21,7 +23,15 @@ from urllib.parse import unquote, urlsplit
 
 from psycopg import sql
 
-from bench.common import Result, connect, create_table, median, ratio_result, subscribe
+from bench.common import (
+    Result,
+    connect,
+    create_table,
+    info_result,
+    median,
+    ratio_result,
+    subscribe,
+)
 from bench.context import Context
 
 PLAIN, SUBSCRIBED, NOBODY = "cap_plain", "cap_sub", "cap_nosub"
@@ -36,6 +46,7 @@ class Config:
     table: str
     rows: int
     sync: bool
+    waiting: bool = False  # a row in webhooks.wakeups: a worker waits, commits NOTIFY
 
 
 CONFIGS = [
@@ -44,6 +55,7 @@ CONFIGS = [
     Config("nobody", NOBODY, 1, True),
     Config("plain_off", PLAIN, 1, False),
     Config("attached_off", SUBSCRIBED, 1, False),
+    Config("attached_off_wait", SUBSCRIBED, 1, False, waiting=True),
     Config("plain_100", PLAIN, 100, True),
     Config("attached_100", SUBSCRIBED, 100, True),
 ]
@@ -102,6 +114,14 @@ def _empty(conn: Any, table: str) -> None:
     conn.execute("CHECKPOINT")
 
 
+def _set_waiting(conn: Any, waiting: bool) -> None:
+    # The triggers NOTIFY only while a worker waits (a row in webhooks.wakeups); no worker
+    # runs here, so a row stands in for one that waits and is never woken.
+    conn.execute("DELETE FROM webhooks.wakeups")
+    if waiting:
+        conn.execute("INSERT INTO webhooks.wakeups (pid) VALUES (0)")
+
+
 def _check_captured(conn: Any) -> None:
     # A subscription that matched nothing would make "attached" measure the skip path.
     row = conn.execute("SELECT count(*) FROM webhooks.outbox").fetchone()
@@ -114,33 +134,53 @@ def scenario(ctx: Context) -> list[Result]:
     if shutil.which("pgbench") is None:
         raise RuntimeError("pgbench is not installed (Debian: postgresql-contrib or "
                            "postgresql-client)")
-    rounds, seconds = (2, 2) if ctx.quick else (3, 5)
+    # Many short interleaved rounds beat a few long ones: the machine's load drifts.
+    rounds, seconds = (4, 1) if ctx.quick else (5, 3)
     runs: dict[str, list[float]] = {c.key: [] for c in CONFIGS}
     with connect(ctx.url) as conn:
         _prepare(conn, ctx)
-        scripts = {c.key: _script(ctx.procs.workdir, c) for c in CONFIGS}
+        row = conn.execute("SELECT to_regclass('webhooks.wakeups') IS NOT NULL").fetchone()
+        has_wakeups = bool(row and row[0])
+        configs = [c for c in CONFIGS if has_wakeups or not c.waiting]
+        scripts = {c.key: _script(ctx.procs.workdir, c) for c in configs}
         for r in range(rounds):
             # Alternate the order, so neither side always runs on a warmer cache.
-            for config in CONFIGS if r % 2 == 0 else reversed(CONFIGS):
+            for config in configs if r % 2 == 0 else reversed(configs):
                 _empty(conn, config.table)
+                if has_wakeups:
+                    _set_waiting(conn, config.waiting)
                 runs[config.key].append(run_pgbench(ctx, config, seconds, scripts[config.key]))
                 if config.table == SUBSCRIBED:
                     _check_captured(conn)
         for table in (PLAIN, SUBSCRIBED, NOBODY):
             _empty(conn, table)
-    m = {k: median(v) for k, v in runs.items()}
+        if has_wakeups:
+            _set_waiting(conn, False)
+    m = {k: median(v) for k, v in runs.items() if v}
 
     def spread(*keys: str) -> str:
         parts = [f"{k} " + "/".join(f"{x:,.0f}" for x in runs[k]) for k in keys]
-        return f"median of {rounds}x{seconds}s, 2 clients; runs: " + "; ".join(parts)
+        return (f"medians of {rounds}x{seconds}s, 2 clients; ratio = median of the rounds' "
+                "ratios; runs: " + "; ".join(parts))
+
+    def paired(service: str, limit: str) -> float:
+        # Each round's two runs are close in time, so their ratio shares the load of the
+        # moment; the median of those ratios is steadier than the ratio of the medians.
+        return median([a / b for a, b in zip(runs[service], runs[limit], strict=True) if b])
 
     return [
         ratio_result("capture: 1-row INSERT, sync commit on", m["attached"], m["plain"],
-                     "rows/s", 0.85, spread("attached", "plain")),
+                     "rows/s", 0.85, spread("attached", "plain"), paired("attached", "plain")),
         ratio_result("capture: 1-row INSERT, sync commit off", m["attached_off"],
-                     m["plain_off"], "rows/s", 0.65, spread("attached_off", "plain_off")),
+                     m["plain_off"], "rows/s", 0.65, spread("attached_off", "plain_off"),
+                     paired("attached_off", "plain_off")),
+        *([info_result("capture: 1-row, sync off, a worker waiting (NOTIFY)",
+                       m["attached_off_wait"], m["plain_off"], "rows/s",
+                       "every commit NOTIFYs, as while a worker sleeps; "
+                       + spread("attached_off_wait", "plain_off"))]
+          if "attached_off_wait" in m else []),
         ratio_result("capture: 100-row INSERT", m["attached_100"], m["plain_100"], "rows/s",
-                     0.5, spread("attached_100", "plain_100")),
+                     0.5, spread("attached_100", "plain_100"), paired("attached_100", "plain_100")),
         ratio_result("capture: attached, nobody subscribes", m["nobody"], m["plain"],
-                     "rows/s", 0.95, spread("nobody", "plain")),
+                     "rows/s", 0.95, spread("nobody", "plain"), paired("nobody", "plain")),
     ]

@@ -50,9 +50,11 @@ class Result:
 
 
 def ratio_result(name: str, service: float | None, limit: float | None, unit: str,
-                 minimum: float, notes: str = "") -> Result:
-    """A result whose target is `service / limit >= minimum`."""
-    ratio = service / limit if service is not None and limit else None
+                 minimum: float, notes: str = "", ratio: float | None = None) -> Result:
+    """A result whose target is `service / limit >= minimum` (or `ratio`, when given: a
+    better estimate, such as the median of paired runs' ratios)."""
+    if ratio is None:
+        ratio = service / limit if service is not None and limit else None
     return Result(name, service, limit, unit, f"ratio ≥ {minimum:g}",
                   None if ratio is None else ratio >= minimum, ratio, notes)
 

@@ -124,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     signal.signal(signal.SIGTERM, _terminate)
     started = time.monotonic()
+    load_before = os.getloadavg()
     procs = Procs()
     url = recreate_database(admin_url, BENCH_DB)
     try:
@@ -134,6 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                       profile_dir=Path(args.profile).resolve() if args.profile else None)
         results = run_scenarios(ctx, args.names)
         info = report.machine(url)
+        # Other processes on the machine skew every figure: the load says how much.
+        info["load average before/after (1 min)"] = (f"{load_before[0]:.2f} / "
+                                                      f"{os.getloadavg()[0]:.2f}")
     finally:
         procs.stop_all()
         # Process logs stay only when asked for, to see why a scenario failed.
