@@ -18,7 +18,8 @@ class FanoutBatch:
     """What one fan-out statement did."""
 
     locked: bool
-    taken: int
+    taken: int  # outbox rows (statements)
+    changes: int  # changed rows they held
     created: int
 
 
@@ -42,7 +43,8 @@ async def fan_out_batch(pool: AsyncConnectionPool, limit: int,
 class Drained:
     """What one drain_outbox call did."""
 
-    taken: int = 0  # outbox rows processed
+    taken: int = 0  # outbox rows (statements) processed
+    changes: int = 0  # changed rows they held
     created: int = 0  # deliveries created
     locked: bool = True  # False when another worker held the fan-out lock
 
@@ -54,6 +56,7 @@ async def drain_outbox(pool: AsyncConnectionPool, batch_size: int,
     while True:
         batch = await fan_out_batch(pool, batch_size, max_row_bytes)
         done.taken += batch.taken
+        done.changes += batch.changes
         done.created += batch.created
         done.locked = batch.locked
         if not batch.locked or batch.taken < batch_size:

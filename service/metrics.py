@@ -32,13 +32,13 @@ class WorkerMetrics:
         self.attempt_seconds = Histogram("webhooks_delivery_attempt_seconds",
                                          "Duration of delivery attempts",
                                          buckets=ATTEMPT_BUCKETS, registry=r)
-        self.fanned_out = Counter("webhooks_outbox_events_processed",
-                                  "Outbox events fanned out (wanted or not)", registry=r)
+        self.fanned_out = Counter("webhooks_outbox_changes_processed",
+                                  "Captured changes fanned out (wanted or not)", registry=r)
         self.due = Gauge("webhooks_deliveries_due", "Deliveries due now", registry=r)
         self.oldest_pending = Gauge("webhooks_oldest_pending_delivery_seconds",
                                     "Age of the oldest pending delivery", registry=r)
-        self.outbox_events = Gauge("webhooks_outbox_events", "Events waiting for fan-out",
-                                   registry=r)
+        self.outbox_statements = Gauge("webhooks_outbox_statements",
+                                       "Captured statements waiting for fan-out", registry=r)
         self.outbox_lag = Gauge("webhooks_outbox_lag_seconds",
                                 "Age of the oldest event waiting for fan-out", registry=r)
 
@@ -56,7 +56,7 @@ class WorkerMetrics:
             due, oldest, outbox, lag = row
             self.due.set(due)
             self.oldest_pending.set(float(oldest))
-            self.outbox_events.set(outbox)
+            self.outbox_statements.set(outbox)
             self.outbox_lag.set(float(lag))
 
     async def refresh_loop(self, pool: AsyncConnectionPool, every: float = 5.0) -> None:

@@ -64,7 +64,8 @@ def render(data: dict[str, Any]) -> str:
         f"{d['failed']} failed for good",
         f"Oldest pending  {_age(d['oldest_pending_seconds'])}",
         f"Last hour       {h['attempts']} attempts, {h['failures']} failures",
-        f"Outbox backlog  {o['events']} events, oldest {_age(o['oldest_seconds'])}",
+        f"Outbox backlog  {o['events']} changes in {o['statements']} statements, "
+        f"oldest {_age(o['oldest_seconds'])}",
     ]
     if data["failing"]:
         out += ["", "Failing most (last hour)"]

@@ -161,7 +161,7 @@ class Worker:
                 drained = await drain_outbox(self._pool, self.settings.batch_size,
                                              self.settings.max_row_bytes)
                 self.stats.fanned_out += drained.created
-                self.metrics.fanned_out.inc(drained.taken)
+                self.metrics.fanned_out.inc(drained.changes)
             except BaseException:
                 self._outbox_due = True
                 raise

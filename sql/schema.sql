@@ -61,21 +61,27 @@ CREATE INDEX subscriptions_owner_idx ON webhooks.subscriptions (owner, id);
 CREATE INDEX subscriptions_active_resource_idx ON webhooks.subscriptions (resource)
     WHERE active;
 
--- Captured changes waiting for fan-out. Written by the triggers, in the writing
--- transaction; emptied by the worker, which copies the wanted ones to events.
+-- Captured changes waiting for fan-out: one row per statement that changed an attached
+-- table, written by the capture trigger in the writing transaction, with the changed rows
+-- as one JSON array. Turning them into per-row JSONB, extracting ids, tenants and users,
+-- and dropping excluded columns all happen at fan-out, in the worker, off the write path
+-- (webhooks.outbox_changes shows the pending changes one row each).
 CREATE TABLE webhooks.outbox (
     id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     hook_resource   text NOT NULL,
     name            text NOT NULL,
     resource        text NOT NULL,
-    resource_id     jsonb NOT NULL,
+    id_column       text NOT NULL,
     parent_resource text,
-    parent_id       jsonb,
-    user_id         text NOT NULL,
-    tenant_scoped   boolean NOT NULL,
-    tenant          text,
+    parent_column   text,
+    user_column     text,
+    tenant_column   text,
+    exclude_columns text[] NOT NULL,
+    include_row     boolean NOT NULL,
+    user_setting    text,           -- webhooks.user_id of the writing transaction
+    role            text NOT NULL,  -- session_user of the writing transaction
     occurred_at     timestamptz NOT NULL,
-    row_data        jsonb
+    rows            json NOT NULL
 );
 
 -- Workers waiting for work, one row per worker's LISTEN connection (its backend pid).
@@ -87,6 +93,8 @@ CREATE TABLE webhooks.wakeups (
 );
 
 -- Events that at least one subscription wanted, with the delivery body built once.
+-- Ids come from webhooks.event_ids at fan-out, in capture order.
+CREATE SEQUENCE webhooks.event_ids;
 CREATE TABLE webhooks.events (
     id              bigint PRIMARY KEY,
     hook_resource   text NOT NULL,

@@ -22,7 +22,8 @@ def subscribe(conn: psycopg.Connection, resource: str, events: list[str], *,
 
 def outbox(conn: psycopg.Connection) -> list[dict[str, Any]]:
     with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute("SELECT * FROM webhooks.outbox ORDER BY id").fetchall()
+        return cur.execute("SELECT * FROM webhooks.outbox_changes ORDER BY outbox_id, n"
+                           ).fetchall()
 
 
 ALL_INVOICE_EVENTS = ["invoice.create", "invoice.update", "invoice.delete",

@@ -86,14 +86,20 @@ async def test_unwanted_events_leave_the_hot_tables(pool: AsyncConnectionPool,
 async def test_batches_in_event_order(pool: AsyncConnectionPool,
                                       conn: psycopg.Connection) -> None:
     subscribe(conn, "http://a.example/")
+    # One statement of 50 rows, then 200 single-row statements: 201 outbox rows.
     conn.execute("INSERT INTO invoices (number, customer, amount)"
-                 " SELECT 'O' || g, 'c', 1 FROM generate_series(1, 250) g")
+                 " SELECT 'O' || g, 'c', 1 FROM generate_series(1, 50) g")
+    for g in range(51, 251):
+        add_invoice(conn, f"O{g}")
     first = await fan_out_batch(pool, 100)
-    assert (first.locked, first.taken, first.created) == (True, 100, 100)
-    assert (await drain_outbox(pool, 100)).created == 150
-    rows = conn.execute("SELECT d.event_id FROM webhooks.deliveries d ORDER BY d.id").fetchall()
+    assert (first.locked, first.taken, first.changes, first.created) == (True, 100, 149, 149)
+    assert (await drain_outbox(pool, 100)).created == 101
+    rows = conn.execute("SELECT d.event_id, e.body::jsonb -> 'resource' ->> 'number' "
+                        "FROM webhooks.deliveries d JOIN webhooks.events e ON e.id = d.event_id "
+                        "ORDER BY d.id").fetchall()
     event_ids = [r[0] for r in rows]
     assert event_ids == sorted(event_ids) and len(event_ids) == 250
+    assert [r[1] for r in rows] == [f"O{g}" for g in range(1, 251)]
 
 
 async def test_one_worker_fans_out_at_a_time(pool: AsyncConnectionPool, db_url: str,

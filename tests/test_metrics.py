@@ -51,7 +51,7 @@ async def test_worker_metrics_move_after_a_delivery(db_url: str, conn: psycopg.C
         before = await scrape(url, time.monotonic() + 20)
         for name in ("webhooks_deliveries_total", "webhooks_delivery_attempt_seconds_bucket",
                      "webhooks_deliveries_due", "webhooks_oldest_pending_delivery_seconds",
-                     "webhooks_outbox_lag_seconds", "webhooks_outbox_events"):
+                     "webhooks_outbox_lag_seconds", "webhooks_outbox_statements"):
             assert f"# TYPE {name.removesuffix('_total').removesuffix('_bucket')}" in before \
                 or name in before, name
         subscribe(conn, receiver.url)
@@ -66,7 +66,7 @@ async def test_worker_metrics_move_after_a_delivery(db_url: str, conn: psycopg.C
             await asyncio.sleep(0.1)
         assert ok, after
         assert sample(after, "webhooks_delivery_attempt_seconds_count") == 1.0
-        assert sample(after, "webhooks_outbox_events_processed_total") >= 1.0
+        assert sample(after, "webhooks_outbox_changes_processed_total") >= 1.0
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
