@@ -39,7 +39,7 @@ def check_literal(host: str | None, allow_private: bool) -> None:
 
 def make_session(*, allow_private: bool, max_connections: int = 100, per_host: int = 0
                  ) -> aiohttp.ClientSession:
-    """The worker's aiohttp session: guarded resolution, no cookies kept, no decompression.
+    """An aiohttp session: guarded resolution, no cookies kept, no decompression.
 
     Create it inside the event loop that will use it, and close it with `close()`.
     """
@@ -115,14 +115,8 @@ def make_client(*, allow_private: bool, timeout: float, max_connections: int = 1
 
     Create it inside the event loop that will use it, and close it with `aclose()`.
     """
-    connector = aiohttp.TCPConnector(
-        resolver=GuardedResolver(allow_private),
-        limit=max_connections,
-        limit_per_host=per_host,
-        ttl_dns_cache=10,
-    )
-    session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
-                                    trust_env=False, cookie_jar=aiohttp.DummyCookieJar())
+    session = make_session(allow_private=allow_private, max_connections=max_connections,
+                           per_host=per_host)
     transport = GuardedTransport(AiohttpTransport(client=session, trust_env=False),
                                  allow_private)
     return httpx.AsyncClient(

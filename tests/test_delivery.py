@@ -10,19 +10,17 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from service.db import make_pool, query
+from service.db import query
 from service.delivery import Claim, Outcome, claim, record, release
 from service.fanout import drain_outbox
 from service.worker import prune
-from tests.test_worker_helpers import subscribe
+from tests.test_worker_helpers import open_pool, subscribe
 
 
 @pytest.fixture
 async def pool(db_url: str) -> AsyncIterator[AsyncConnectionPool]:
-    p = make_pool(db_url, min_size=1, max_size=8, name="test")
-    await p.open(wait=True)
-    yield p
-    await p.close()
+    async with open_pool(db_url, max_size=8) as p:
+        yield p
 
 
 async def queue(pool: AsyncConnectionPool, conn: psycopg.Connection, n: int,

@@ -9,17 +9,14 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from service.db import make_pool
 from service.fanout import FANOUT_LOCK, drain_outbox, fan_out_batch
-from tests.test_worker_helpers import add_invoice, subscribe
+from tests.test_worker_helpers import add_invoice, open_pool, subscribe
 
 
 @pytest.fixture
 async def pool(db_url: str) -> AsyncIterator[AsyncConnectionPool]:
-    p = make_pool(db_url, min_size=1, max_size=4, name="test")
-    await p.open(wait=True)
-    yield p
-    await p.close()
+    async with open_pool(db_url, max_size=4) as p:
+        yield p
 
 
 def count(conn: psycopg.Connection, table: str) -> int:

@@ -3,21 +3,12 @@ service running."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from urllib.parse import quote
 
 import psycopg
 
 from tests.receivers import Receiver
-from tests.test_worker_helpers import add_invoice, numbers, running_worker, subscribe
-
-
-async def poll(predicate: object, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"{what} not reached in {timeout}s"
-        await asyncio.sleep(0.05)
+from tests.test_worker_helpers import add_invoice, numbers, poll, running_worker, subscribe
 
 
 async def test_worker_survives_statement_timeout(db_url: str, conn: psycopg.Connection

@@ -9,18 +9,11 @@ import psycopg
 
 from service import worker as worker_module
 from tests.receivers import Receiver
-from tests.test_worker_helpers import add_invoice, running_worker, subscribe
+from tests.test_worker_helpers import add_invoice, poll, running_worker, subscribe
 
 
 def wakeup_pids(conn: psycopg.Connection) -> list[int]:
     return [r[0] for r in conn.execute("SELECT pid FROM webhooks.wakeups ORDER BY pid")]
-
-
-async def poll(predicate: object, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 async def test_idle_worker_arms_with_its_listener_pid_and_disarms_on_stop(

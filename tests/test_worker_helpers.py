@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
 import secrets
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
+from psycopg_pool import AsyncConnectionPool
 
 from service.config import Settings
+from service.db import make_pool
 from service.worker import Worker, open_worker
 
 INVOICE_EVENTS = ["invoice.create", "invoice.update", "invoice.delete",
@@ -79,6 +83,26 @@ def subscription(conn: psycopg.Connection, sid: int) -> dict[str, Any]:
     row = cur.execute("SELECT * FROM webhooks.subscriptions WHERE id = %s", (sid,)).fetchone()
     assert row is not None
     return row
+
+
+async def poll(predicate: Callable[[], object], timeout: float = 10.0,
+               what: str = "condition") -> None:
+    """Waits until `predicate()` is true; fails the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} not reached in {timeout}s"
+        await asyncio.sleep(0.02)
+
+
+@asynccontextmanager
+async def open_pool(db_url: str, max_size: int = 8) -> AsyncIterator[AsyncConnectionPool]:
+    """An open pool on the test database."""
+    p = make_pool(db_url, min_size=1, max_size=max_size, name="test")
+    await p.open(wait=True)
+    try:
+        yield p
+    finally:
+        await p.close()
 
 
 @asynccontextmanager
