@@ -137,7 +137,7 @@ def scenario(ctx: Context) -> list[Result]:
                 load(ctx, url, 1, token)  # warm-up: pools, caches, connections
             mark = ctx.cpu_mark(api)
             got = load(ctx, url, seconds, token)
-            cpu = ctx.cpu_note(api, mark)
+            cpu = ctx.cpu_note(api, mark, int(got.rps * seconds))
             static = load(ctx, f"http://127.0.0.1:{ctx.port}/static/{size}",
                           max(2, seconds // 2))
             notes = (f"{got.tool} -t2 -c32 {seconds}s, {size:,}-byte body, "

@@ -148,22 +148,28 @@ class Context:
                 "AND pid <> pg_backend_pid()").fetchall()]
         return {pid: cpu for pid in pids if (cpu := cpu_seconds(pid)) is not None}
 
-    def cpu_note(self, proc: Proc, before: tuple[float, dict[int, float], float]) -> str:
-        """"worker CPU x% of a core, its database backends y%" since `before`
-        (a cpu_mark() taken at the start of the measured window)."""
-        cpu0, db0, t0 = before
+    def cpu_note(self, proc: Proc, before: tuple[float, float, dict[int, float], float],
+                 requests: int = 0) -> str:
+        """"worker CPU x% of a core (n us per request), receiver y%, Postgres z%" since
+        `before` (a cpu_mark() taken at the start of the measured window)."""
+        cpu0, rcv0, db0, t0 = before
         elapsed = max(time.time() - t0, 1e-9)
-        own = (self.cpu(proc) - cpu0) / elapsed
+        used = self.cpu(proc) - cpu0
+        note = f"{proc.name} CPU {used / elapsed:.0%} of a core"
+        if requests:
+            note += f" ({1e6 * used / requests:.0f} us per request)"
+        if self.receiver is not None:
+            note += f", receiver {(self.cpu(self.receiver) - rcv0) / elapsed:.0%}"
         db1 = self.db_cpu()
-        note = f"{proc.name} CPU {own:.0%} of a core"
         if db1:
             backends = sum(c - db0.get(pid, 0.0) for pid, c in db1.items()) / elapsed
             note += f", Postgres backends {backends:.0%}"
         return note
 
-    def cpu_mark(self, proc: Proc) -> tuple[float, dict[int, float], float]:
+    def cpu_mark(self, proc: Proc) -> tuple[float, float, dict[int, float], float]:
         """The start of a window cpu_note() measures."""
-        return self.cpu(proc), self.db_cpu(), time.time()
+        receiver = self.cpu(self.receiver) if self.receiver is not None else 0.0
+        return self.cpu(proc), receiver, self.db_cpu(), time.time()
 
     def rss_mb(self, proc: Proc) -> float | None:
         """The peak RSS of a running process, in MB."""
@@ -197,11 +203,13 @@ class Context:
             rates: dict[str, float] = {}
             for loop in ("asyncio", "uvloop"):
                 for c in (16, 64) if self.quick else (16, 32, 64):
-                    r = self.raw("rate", "--url", self.target("raw"), "--lib", "aiohttp",
-                                 "--loop", loop, "--concurrency", str(c),
-                                 "--duration", seconds)["rate"]
+                    got = self.raw("rate", "--url", self.target("raw"), "--lib", "aiohttp",
+                                   "--loop", loop, "--concurrency", str(c),
+                                   "--duration", seconds)
+                    r = got["rate"]
                     rates[f"{loop}/c{c}"] = r
-                    best = max(best, (r, f"aiohttp {loop} c={c}"))
+                    if r > best[0]:
+                        best = (r, f"aiohttp {loop} c={c}, {got['cpu_us']:.0f} us CPU/request")
             self.cache["raw_rate"] = best
             self.cache["raw_rates"] = rates
         rate, desc = self.cache["raw_rate"]

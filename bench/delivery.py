@@ -69,7 +69,7 @@ def throughput(ctx: Context) -> list[Result]:
             rate, notes = measure_drain(ctx, "thr", rows * SUBSCRIPTIONS,
                                         60 if ctx.quick else 180)
             count, _, first, last = receipt_rate(ctx, "thr")
-            cpu = ctx.cpu_note(worker, mark)
+            cpu = ctx.cpu_note(worker, mark, count)
     end_to_end = count / (last - committed) if last > committed else 0.0
     raw_all = ", ".join(f"{k} {v:,.0f}" for k, v in ctx.cache.get("raw_rates", {}).items())
     results = [

@@ -72,12 +72,13 @@ async def rate(url: str, lib: str, concurrency: int, duration: float) -> dict[st
                 await post()
                 done += 1
 
-        start = time.perf_counter()
+        start, cpu0 = time.perf_counter(), time.process_time()
         await asyncio.gather(*(loop() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu0
     finally:
         await close()
-    return {"rate": done / elapsed, "requests": done, "seconds": elapsed}
+    return {"rate": done / elapsed, "requests": done, "seconds": elapsed,
+            "cpu_us": 1e6 * cpu / max(done, 1)}
 
 
 async def burst(url: str, lib: str, concurrency: int, count: int) -> dict[str, Any]:

@@ -48,8 +48,8 @@ def backlog(ctx: Context) -> list[Result]:
             # Quick runs cap the wait: the rate of what arrived by then is still a rate.
             rate, notes = measure_drain(ctx, "backlog", total, 25 if ctx.quick else 600)
             peak = ctx.rss_mb(worker)
-            cpu = ctx.cpu_note(worker, mark)
             count, _, first, last = receipt_rate(ctx, "backlog")
+            cpu = ctx.cpu_note(worker, mark, count)
     overall = count / (last - started) if last > started else 0.0
     return [
         ratio_result("backlog: drain rate", rate, limit, "req/s", 0.6,
