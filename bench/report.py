@@ -149,7 +149,13 @@ target is a ratio to a limit measured in the same run, or an absolute bound.
 make bench          # the whole suite, a few minutes
 make bench-quick    # under two minutes
 .venv/bin/python -m service.devdb exec -- .venv/bin/python -m bench.run --only capture,latency
+# profiles (py-spy in .venv): workers and the API run under py-spy
+.venv/bin/python -m service.devdb exec -- .venv/bin/python -m bench.run --profile bench/out
+.venv/bin/python -m bench.profile bench/out/*.txt
 ```
+
+`--only` runs some scenarios and keeps the other rows of `results.json` from the last
+run. `BENCH_DEBUG=1` prints a scenario's traceback and keeps the processes' logs.
 
 Findings and profiles: [FINDINGS.md](FINDINGS.md).
 """)

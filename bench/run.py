@@ -108,10 +108,11 @@ def merge(previous: list[dict[str, Any]], ran: Sequence[str],
 
 def from_json(entry: dict[str, Any]) -> Result:
     """A Result back from a results.json entry."""
-    fields = {k: entry.get(k) for k in ("name", "service", "limit", "unit", "target", "met",
-                                        "ratio", "notes", "error")}
-    fields["notes"] = fields["notes"] or ""
-    return Result(**fields)
+    return Result(name=str(entry.get("name", "")), service=entry.get("service"),
+                  limit=entry.get("limit"), unit=str(entry.get("unit") or ""),
+                  target=str(entry.get("target") or ""), met=entry.get("met"),
+                  ratio=entry.get("ratio"), notes=str(entry.get("notes") or ""),
+                  error=entry.get("error"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -164,4 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except KeyboardInterrupt:
+        # The finally blocks have stopped every process the run started.
+        print("bench: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
