@@ -5,6 +5,7 @@ the caller is root, since initdb refuses root)."""
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import shutil
 import signal
@@ -78,12 +79,40 @@ def _run(argv: Sequence[str]) -> None:
         raise RuntimeError(f"{' '.join(argv)} failed:\n{result.stdout}{result.stderr}")
 
 
+def _server_can_reach(directory: Path) -> bool:
+    """Whether the `postgres` OS user can enter `directory` (every parent must let it)."""
+    return subprocess.run(_as_server_user(["test", "-x", str(directory)]),
+                          capture_output=True).returncode == 0
+
+
+def _place(datadir: Path) -> Path:
+    """The data directory to use, made reachable for the `postgres` user when we are root.
+
+    A checkout under a directory the `postgres` user cannot enter (/root, a mktemp -d
+    folder) cannot hold its cluster: the data then lives in /var/tmp and `datadir` becomes
+    a symbolic link to it, so it is still found (and kept) at the same place.
+    """
+    if os.geteuid() != 0 or datadir.exists() or datadir.is_symlink():
+        return datadir.resolve()
+    parent = datadir.absolute().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    if _server_can_reach(parent):
+        return datadir.absolute()
+    digest = hashlib.sha1(str(datadir.absolute()).encode()).hexdigest()[:12]
+    real = Path("/var/tmp") / f"pg-webhooks-{digest}"
+    real.mkdir(mode=0o700, exist_ok=True)
+    datadir.symlink_to(real, target_is_directory=True)
+    print(f"devdb: the postgres user cannot enter {parent}; keeping the cluster in {real} "
+          f"({datadir} links to it)", file=sys.stderr)
+    return real
+
+
 def start(datadir: Path, port: int = PRIVATE_PORT) -> bool:
     """Initialises (once) and starts the cluster; returns False if it was already running."""
     if answers(private_url(port)):
         return False
     bins = bindir()
-    datadir = datadir.resolve()
+    datadir = _place(datadir)
     if not (datadir / "PG_VERSION").exists():
         datadir.mkdir(mode=0o700, parents=True, exist_ok=True)
         if os.geteuid() == 0:
