@@ -37,8 +37,6 @@ PRUNE_EVERY = 60.0
 PRUNE_BATCH = 1000
 # Shortest sleep when work is due but could not be claimed (locked by another worker).
 MIN_WAIT = 0.01
-# A worker that has found outbox work for this long stops asking for notifications.
-DISARM_AFTER = 0.2
 # First recheck of the outbox after arming the wakeup row.
 RECHECK_MIN = 0.05
 # Plain secrets kept in memory at most, keyed by their stored (maybe encrypted) form.
@@ -87,7 +85,6 @@ class Worker:
         # The listener pid this worker's wakeup row is armed with (None: not armed).
         self._armed_pid: int | None = None
         self._armed_at: float | None = None
-        self._busy_since: float | None = None
 
     @property
     def pool(self) -> AsyncConnectionPool:
@@ -166,7 +163,7 @@ class Worker:
                 self._outbox_due = True
                 raise
             if drained.locked:
-                await self._update_wakeup(found=drained.taken > 0)
+                await self._update_wakeup(taken=drained.taken)
         free = self.concurrency - len(self._inflight)
         if free <= 0:
             return self.settings.poll_interval  # a finishing task wakes us
@@ -203,17 +200,22 @@ class Worker:
         since = asyncio.get_running_loop().time() - self._armed_at
         return min(max(since, RECHECK_MIN), self.settings.poll_interval)
 
-    async def _update_wakeup(self, found: bool) -> None:
-        """Arms the wakeup row when the outbox is empty, disarms it under a backlog."""
+    async def _update_wakeup(self, taken: int) -> None:
+        """Arms the wakeup row when the outbox is empty, disarms it under a backlog.
+
+        A backlog is a fan-out batch that came back full: writers commit faster than one
+        notification per batch could help, and the worker checks every 50 ms anyway. A
+        steady, light load (a few statements per fan-out) stays armed, so each commit's
+        NOTIFY keeps its latency low.
+        """
         now = asyncio.get_running_loop().time()
-        if found:
-            if self._busy_since is None:
-                self._busy_since = now
-            if self._armed_pid is not None and now - self._busy_since >= DISARM_AFTER:
+        if taken >= self.settings.batch_size:
+            if self._armed_pid is not None:
                 self.stats.disarmed += 1
                 await self._disarm()
             return
-        self._busy_since = None
+        if taken > 0:
+            return
         pid = self.listener.pid
         if pid is None or pid == self._armed_pid:
             return

@@ -7,7 +7,6 @@ import time
 
 import psycopg
 
-from service import worker as worker_module
 from tests.receivers import Receiver
 from tests.test_worker_helpers import add_invoice, poll, running_worker, subscribe
 
@@ -46,20 +45,24 @@ async def test_notified_delivery_is_fast_when_armed(db_url: str,
 
 
 async def test_a_backlog_disarms_and_the_worker_keeps_polling(
-        db_url: str, conn: psycopg.Connection, monkeypatch: object) -> None:
+        db_url: str, conn: psycopg.Connection) -> None:
     receiver = await Receiver().start()
     try:
         subscribe(conn, receiver.url)
-        monkeypatch.setattr(worker_module, "DISARM_AFTER", 0.0)  # type: ignore[attr-defined]
         async with running_worker(db_url, poll_interval=30.0, batch_size=10) as worker:
             await poll(lambda: wakeup_pids(conn) == [worker.listener.pid])
-            # Rows arrive faster than one fan-out batch: the worker sees a backlog twice.
-            conn.execute("INSERT INTO invoices (number, customer, amount) "
-                         "SELECT 'B-' || i, 'c', 1 FROM generate_series(1, 300) i")
-            await receiver.wait_for(lambda r: len(r.deliveries()) == 300, timeout=10)
+            # A light load keeps the worker armed: one statement per fan-out.
+            add_invoice(conn, "LIGHT")
+            await receiver.wait_for(lambda r: len(r.deliveries()) == 1, timeout=10)
+            assert worker.stats.disarmed == 0
+            # 30 statements at one commit fill a fan-out batch of 10: a backlog.
+            with conn.transaction():
+                for i in range(30):
+                    add_invoice(conn, f"B-{i}")
+            await receiver.wait_for(lambda r: len(r.deliveries()) == 31, timeout=10)
             assert worker.stats.disarmed >= 1
             # With nobody armed no NOTIFY is sent; the worker's 50 ms checks still find these.
             add_invoice(conn, "AFTER")
-            await receiver.wait_for(lambda r: len(r.deliveries()) == 301, timeout=10)
+            await receiver.wait_for(lambda r: len(r.deliveries()) == 32, timeout=10)
     finally:
         await receiver.stop()
