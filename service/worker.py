@@ -64,6 +64,7 @@ class Worker:
                  session: aiohttp.ClientSession, *, concurrency: int) -> None:
         self.settings = settings
         self.concurrency = max(1, concurrency)
+        self._claim_min = max(1, min(settings.batch_size, self.concurrency // 4))
         self.stats = WorkerStats()
         self.metrics = WorkerMetrics()
         self._pool = pool
@@ -165,8 +166,10 @@ class Worker:
             if drained.locked:
                 await self._update_wakeup(taken=drained.taken)
         free = self.concurrency - len(self._inflight)
-        if free <= 0:
-            return self.settings.poll_interval  # a finishing task wakes us
+        if free <= 0 or (self._inflight and free < self._claim_min):
+            # Finishing tasks wake us; claiming a few slots at a time would cost one
+            # round trip per delivery or two, so wait until a quarter of them are free.
+            return self.settings.poll_interval
         claims = await delivery.claim(
             self._pool, limit=min(free, self.settings.batch_size),
             per_target=self.settings.per_target_concurrency, busy=self._per_sub,
