@@ -97,11 +97,12 @@ def latency(ctx: Context) -> list[Result]:
         reset_service_state(conn)
         create_table(conn, "lat_rows", attach="lat_rows", pad=PAD)
         subscribe(conn, "lat_rows", [ctx.target("lat")])
-        with ctx.worker():
+        with ctx.worker() as worker:
             # Warm-up: the worker's pools and connections open before the clock starts.
             insert_rows(conn, "lat_rows", 1)
             ctx.wait_count("lat", 1, 15)
             ctx.reset_receiver()
+            mark = ctx.cpu_mark(worker)
             n = int(seconds * per_second)
             start = time.perf_counter()
             with conn.cursor() as cur:
@@ -117,6 +118,7 @@ def latency(ctx: Context) -> list[Result]:
             behind = time.perf_counter() - start - seconds
             ctx.wait_count("lat", n, 30)
             times = ctx.times()
+            cpu = ctx.cpu_note(worker, mark, len(times))
     lat = [(t - commits[i]) * 1000.0 for i, t in times if i in commits]
     if not lat:
         raise RuntimeError("no delivery arrived")
@@ -129,7 +131,7 @@ def latency(ctx: Context) -> list[Result]:
         ceiling_result("latency: commit→receipt p50", percentile(lat, 50), raw["p50"], "ms",
                        5, notes),
         ceiling_result("latency: commit→receipt p99", percentile(lat, 99), raw["p99"], "ms",
-                       25, "limit = raw aiohttp POST round trip at the same pace"),
+                       25, f"limit = raw aiohttp POST round trip at the same pace; {cpu}"),
     ]
 
 
