@@ -35,7 +35,9 @@ from psycopg import sql
 
 from service import db, devdb
 
-PORT = 54331
+# Below the usual ephemeral range (32768-60999): a client socket that happens to hold the
+# port, even in TIME_WAIT, would keep the restarted server from binding it.
+PORT = 25431
 DATADIR = Path(".pgdata-chaos")
 TABLES_SQL = """
 CREATE TABLE orders (id uuid PRIMARY KEY, tenant text NOT NULL, version int NOT NULL,
