@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -152,18 +153,10 @@ def decide(c: Claim, settings: Settings, *, status: int, retry_after: str | None
 
 async def record(pool: AsyncConnectionPool, outcomes: Sequence[Outcome]) -> None:
     """Writes a batch of outcomes in one transaction: deliveries, attempts, subscriptions."""
-    params = {
-        "ids": [o.claim.id for o in outcomes],
-        "attempts": [o.claim.attempts for o in outcomes],
-        "subscription_ids": [o.claim.subscription_id for o in outcomes],
-        "statuses": [o.status for o in outcomes],
-        "outcomes": [o.outcome for o in outcomes],
-        "retry_in": [o.retry_in for o in outcomes],
-        "attempted_at": [o.attempted_at for o in outcomes],
-        "durations": [o.duration_ms for o in outcomes],
-        "errors": [o.error for o in outcomes],
-        "contents": [o.error for o in outcomes],
-    }
+    params = {"batch": json.dumps([
+        [o.claim.id, o.claim.attempts, o.claim.subscription_id, o.status, o.outcome,
+         o.retry_in, o.attempted_at.timestamp(), o.duration_ms, o.error]
+        for o in outcomes])}
     gone = sorted({o.claim.subscription_id for o in outcomes if o.status == 410})
     async with pool.connection() as conn, conn.transaction():
         await conn.execute(query("record"), params)
