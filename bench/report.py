@@ -30,6 +30,13 @@ def _num(value: float | None, unit: str) -> str:
     return f"{value:,.0f}"
 
 
+def _ratio(value: float | None) -> str:
+    # Three decimals: 0.848 must not print as 0.85 next to a "ratio ≥ 0.85 MISS".
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if value < 10 else f"{value:.1f}"
+
+
 def rows(results: Sequence[Result]) -> list[tuple[str, ...]]:
     """The table's cells, one tuple per result."""
     out: list[tuple[str, ...]] = []
@@ -40,7 +47,7 @@ def rows(results: Sequence[Result]) -> list[tuple[str, ...]]:
         verdict = "info" if r.target == "info" else {True: "pass", False: "MISS",
                                                      None: "-"}[r.met]
         out.append((r.name, _num(r.service, r.unit), _num(r.limit, r.unit),
-                    "-" if r.ratio is None else f"{r.ratio:.2f}", r.unit, r.target, verdict))
+                    _ratio(r.ratio), r.unit, r.target, verdict))
     return out
 
 
