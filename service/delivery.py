@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -59,13 +59,21 @@ class Outcome:
     error: str | None  # the error, or the start of the response body, for failures
 
 
+def saturated(busy: Mapping[int, int], per_target: int, degraded: Collection[int]
+              ) -> list[int]:
+    """The subscriptions at their cap: `per_target` in flight, or 1 when degraded."""
+    return [sid for sid, n in busy.items() if n >= (1 if sid in degraded else per_target)]
+
+
 async def claim(pool: AsyncConnectionPool, *, limit: int, per_target: int,
-                busy: Mapping[int, int], lease: float, scan: int) -> list[Claim]:
+                busy: Mapping[int, int], lease: float, scan: int,
+                degraded: Collection[int] = ()) -> list[Claim]:
     """Claims up to `limit` due deliveries, committed before returning, in start order.
 
     `busy` maps subscription ids to deliveries this worker has in flight for them; none
-    gets more than `per_target` in flight. Deliveries of inactive subscriptions are closed
-    as failed and not returned.
+    gets more than `per_target` in flight, and the `degraded` ones (whose last attempt
+    failed) no more than one. Deliveries of inactive subscriptions are closed as failed and
+    not returned.
     """
     params = {
         "limit": limit,
@@ -74,7 +82,8 @@ async def claim(pool: AsyncConnectionPool, *, limit: int, per_target: int,
         "lease": lease,
         "busy_ids": list(busy),
         "busy_counts": list(busy.values()),
-        "saturated": [sid for sid, n in busy.items() if n >= per_target],
+        "saturated": saturated(busy, per_target, degraded),
+        "degraded": list(degraded),
     }
     async with pool.connection() as conn:
         cur = conn.cursor(row_factory=class_row(Claim))

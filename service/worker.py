@@ -74,6 +74,7 @@ class Worker:
         self._inflight: dict[int, Claim] = {}  # claimed, outcome not yet handed over
         self._tasks: set[asyncio.Task[None]] = set()
         self._per_sub: dict[int, int] = {}
+        self._degraded: set[int] = set()  # subscriptions held to one attempt in flight
         self._recorder = Recorder(pool)
         self._box = SecretBox(settings.encryption_key)
         self._secrets: dict[str, str] = {}
@@ -173,13 +174,13 @@ class Worker:
         claims = await delivery.claim(
             self._pool, limit=min(free, self.settings.batch_size),
             per_target=self.settings.per_target_concurrency, busy=self._per_sub,
-            lease=self.settings.lease, scan=self.settings.batch_size)
+            lease=self.settings.lease, scan=self.settings.batch_size, degraded=self._degraded)
         for c in claims:
             self._start(c)
         if claims:
             return 0.0
-        saturated = [s for s, n in self._per_sub.items()
-                     if n >= self.settings.per_target_concurrency]
+        saturated = delivery.saturated(self._per_sub, self.settings.per_target_concurrency,
+                                       self._degraded)
         async with self._pool.connection() as conn:
             cur = await conn.execute(query("next_due"), {"saturated": saturated})
             row = await cur.fetchone()
@@ -274,6 +275,12 @@ class Worker:
                 outcome = await delivery.send(self._session, c, secret, self.settings)
             self._recorder.add(outcome)
             self.metrics.observe(outcome.outcome, outcome.duration_ms)
+            # A target that did not answer, or answered 5xx/429, gets one attempt in flight
+            # until it succeeds again: hanging targets cannot take every slot.
+            if 200 <= outcome.status < 300:
+                self._degraded.discard(c.subscription_id)
+            elif outcome.status == 0 or outcome.status == 429 or outcome.status >= 500:
+                self._degraded.add(c.subscription_id)
             del self._inflight[c.id]
             if outcome.outcome == "succeeded":
                 self.stats.succeeded += 1

@@ -14,6 +14,7 @@ from tests.receivers import Behaviour, Received, Receiver, status
 from tests.test_worker_helpers import (
     add_invoice,
     numbers,
+    poll,
     running_worker,
     subscribe,
     subscription,
@@ -193,3 +194,37 @@ async def test_healthy_subscription_gets_events_in_order(
         await receiver.wait_for(lambda r: len(r.deliveries()) == 60)
     expected = [f"A{n:02}" for n in range(30)] + [f"B{n:02}" for n in range(30)]
     assert numbers(receiver.deliveries()) == expected
+
+
+async def test_many_hanging_targets_hold_one_slot_each_once_they_time_out(
+        db_url: str, conn: psycopg.Connection, receiver: Receiver) -> None:
+    release = asyncio.Event()
+
+    async def hang(req: Received) -> web.StreamResponse:
+        await release.wait()
+        return web.Response(status=200)
+
+    hanging = await Receiver(behaviour=hang).start()
+    try:
+        # Four hanging subscriptions at a cap of 2 could fill all 8 slots.
+        for _ in range(4):
+            subscribe(conn, hanging.url)
+        subscribe(conn, receiver.url)
+        async with running_worker(db_url, concurrency=8, per_target_concurrency=2,
+                                  delivery_timeout=0.5, retry_schedule=(0.05,) * 20):
+            for n in range(5):
+                add_invoice(conn, f"W{n}")
+            # Their first attempts time out: from then on each holds one slot, not two.
+            await poll(lambda: len(hanging.received) >= 8, what="first attempts")
+            await asyncio.sleep(0)
+            started = time.monotonic()
+            for n in range(40):
+                add_invoice(conn, f"K{n}")
+            await receiver.wait_for(lambda r: len(r.deliveries()) == 45, timeout=10)
+            elapsed = time.monotonic() - started
+        # With every slot held by hanging targets, 40 deliveries would take 40 timeouts of
+        # 0.5 s spread over the slots that free up; with one slot each there are 4 left.
+        assert elapsed < 4.0
+    finally:
+        release.set()
+        await hanging.stop()

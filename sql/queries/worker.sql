@@ -77,8 +77,10 @@ SELECT (SELECT ok FROM lock) AS locked,
 
 -- name: claim --
 -- Claims up to %(limit)s due deliveries, oldest first, at most %(per_target)s minus what
--- this worker already has in flight per subscription; subscriptions already at their cap
--- are skipped in the scan, so one slow target never blocks the queue of the others.
+-- this worker already has in flight per subscription (1 for the %(degraded)s ones, whose
+-- last attempt failed: a hanging or failing target then holds one slot, not its full
+-- share); subscriptions already at their cap are skipped in the scan, so one slow target
+-- never blocks the queue of the others.
 -- The claim pushes next_attempt_at to the lease expiry: if this worker dies, the delivery
 -- comes due again by itself. Deliveries of an inactive subscription are closed as failed
 -- instead of sent.
@@ -94,14 +96,15 @@ WITH busy AS (
      LIMIT %(scan)s
        FOR UPDATE SKIP LOCKED
 ), ranked AS (
-    SELECT c.id, c.next_attempt_at AS due,
+    SELECT c.id, c.subscription_id, c.next_attempt_at AS due,
            row_number() OVER (PARTITION BY c.subscription_id
                               ORDER BY c.next_attempt_at, c.id) + coalesce(b.n, 0) AS slot
       FROM candidates c
       LEFT JOIN busy b ON b.sid = c.subscription_id
 ), chosen AS (
     SELECT id, due FROM ranked
-     WHERE slot <= %(per_target)s
+     WHERE slot <= CASE WHEN subscription_id = ANY (%(degraded)s::bigint[]) THEN 1
+                        ELSE %(per_target)s END
      ORDER BY due, id
      LIMIT %(limit)s
 )
