@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEVDB := $(BIN)/python -m service.devdb exec
 
-.PHONY: help install test lint run demo status bench bench-quick chaos fuzz clean
+.PHONY: help install test lint run demo status bench bench-quick bench-tools chaos fuzz clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -27,7 +27,7 @@ test: install ## run the whole test suite against a real PostgreSQL
 	$(DEVDB) --shared-ok -- $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: install ## ruff and mypy
-	$(BIN)/ruff check service tests
+	$(BIN)/ruff check service tests bench
 	$(BIN)/mypy
 
 run: install ## migrate, load the demo schema, print a token, serve the API and a worker
@@ -40,11 +40,19 @@ demo: install ## subscribe a local receiver and watch signed deliveries (with `m
 status: install ## what the service is doing, at a glance
 	$(DEVDB) -- $(BIN)/webhooks status
 
-bench: install ## the benchmark suite against a private database: one table, bench/results.json
+bench: install bench-tools ## the benchmark suite against a private database: one table, bench/results.json
 	$(DEVDB) -- $(BIN)/python -m bench.run $(BENCH_ARGS)
 
-bench-quick: install ## a short benchmark run (under two minutes)
+bench-quick: install bench-tools ## a short benchmark run (under two minutes)
 	$(DEVDB) -- $(BIN)/python -m bench.run --quick $(BENCH_ARGS)
+
+# pgbench drives the capture scenario; wrk the API one (without it, a Python load
+# generator stands in and the table says so). As root, wrk is installed from the distro.
+bench-tools:
+	@command -v pgbench >/dev/null || { echo "bench: pgbench is needed (Debian: postgresql-client)"; exit 1; }
+	@command -v wrk >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  { apt-get install -y -q wrk >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q wrk >/dev/null; }; }; } || \
+	  echo "bench: wrk is not installed; the API scenario uses its Python load generator"
 
 chaos: install ## kill workers, restart Postgres, cut LISTEN: prove nothing is lost (own cluster)
 	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
