@@ -37,6 +37,9 @@ PRUNE_EVERY = 60.0
 PRUNE_BATCH = 1000
 # Shortest sleep when work is due but could not be claimed (locked by another worker).
 MIN_WAIT = 0.01
+# An attempt in flight this long (or a quarter of the delivery timeout, if less) marks its
+# subscription slow: one attempt in flight at a time until one succeeds.
+SLOW_AFTER = 1.0
 # First recheck of the outbox after arming the wakeup row.
 RECHECK_MIN = 0.05
 # Plain secrets kept in memory at most, keyed by their stored (maybe encrypted) form.
@@ -75,6 +78,7 @@ class Worker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._per_sub: dict[int, int] = {}
         self._degraded: set[int] = set()  # subscriptions held to one attempt in flight
+        self._started: dict[int, float] = {}  # delivery id -> when its attempt started
         self._recorder = Recorder(pool)
         self._box = SecretBox(settings.encryption_key)
         self._secrets: dict[str, str] = {}
@@ -166,6 +170,7 @@ class Worker:
                 raise
             if drained.locked:
                 await self._update_wakeup(taken=drained.taken)
+        self._mark_slow(loop.time())
         free = self.concurrency - len(self._inflight)
         if free <= 0 or (self._inflight and free < self._claim_min):
             # Finishing tasks wake us; claiming a few slots at a time would cost one
@@ -189,6 +194,19 @@ class Worker:
         if due is None:
             return max(until_fanout, MIN_WAIT)
         return min(max(due, MIN_WAIT), max(until_fanout, MIN_WAIT))
+
+    def _mark_slow(self, now: float) -> None:
+        """Degrades subscriptions with an attempt in flight for longer than SLOW_AFTER.
+
+        A hanging target is noticed well before its attempts time out, so it cannot hold
+        its full share of slots for a whole timeout.
+        """
+        slow_after = min(SLOW_AFTER, self.settings.delivery_timeout / 4)
+        for delivery_id, started in self._started.items():
+            if now - started > slow_after:
+                claim = self._inflight.get(delivery_id)
+                if claim is not None:
+                    self._degraded.add(claim.subscription_id)
 
     def _fanout_interval(self) -> float:
         """How long the outbox may go unchecked without a notification.
@@ -248,6 +266,7 @@ class Worker:
     def _start(self, c: Claim) -> None:
         self.stats.claimed += 1
         self._inflight[c.id] = c
+        self._started[c.id] = asyncio.get_running_loop().time()
         self._per_sub[c.subscription_id] = self._per_sub.get(c.subscription_id, 0) + 1
         task = asyncio.create_task(self._deliver(c))
         self._tasks.add(task)
@@ -282,6 +301,7 @@ class Worker:
             elif outcome.status == 0 or outcome.status == 429 or outcome.status >= 500:
                 self._degraded.add(c.subscription_id)
             del self._inflight[c.id]
+            self._started.pop(c.id, None)
             if outcome.outcome == "succeeded":
                 self.stats.succeeded += 1
             elif outcome.outcome == "pending":
