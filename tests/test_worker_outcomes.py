@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import psycopg
 import pytest
@@ -153,8 +154,9 @@ async def test_retry_after_is_honoured(db_url: str, conn: psycopg.Connection,
     assert second.at - first.at >= 0.9
 
 
-async def test_hanging_target_does_not_delay_a_healthy_one(
-        db_url: str, conn: psycopg.Connection, receiver: Receiver) -> None:
+@asynccontextmanager
+async def hanging_receiver() -> AsyncIterator[tuple[Receiver, asyncio.Event]]:
+    """A receiver that answers nothing until the event is set (or the block ends)."""
     release = asyncio.Event()
 
     async def hang(req: Received) -> web.StreamResponse:
@@ -163,6 +165,15 @@ async def test_hanging_target_does_not_delay_a_healthy_one(
 
     hanging = await Receiver(behaviour=hang).start()
     try:
+        yield hanging, release
+    finally:
+        release.set()
+        await hanging.stop()
+
+
+async def test_hanging_target_does_not_delay_a_healthy_one(
+        db_url: str, conn: psycopg.Connection, receiver: Receiver) -> None:
+    async with hanging_receiver() as (hanging, release):
         subscribe(conn, hanging.url)
         subscribe(conn, receiver.url)
         async with running_worker(db_url, concurrency=4, per_target_concurrency=2,
@@ -177,9 +188,6 @@ async def test_hanging_target_does_not_delay_a_healthy_one(
             await hanging.wait_for(lambda r: len(r.deliveries()) == 20)
         assert elapsed < 3  # far below the 10 s the hanging target holds its slots
         assert sorted(numbers(receiver.deliveries())) == sorted(f"H{n}" for n in range(20))
-    finally:
-        release.set()
-        await hanging.stop()
 
 
 async def test_healthy_subscription_gets_events_in_order(
@@ -198,14 +206,7 @@ async def test_healthy_subscription_gets_events_in_order(
 
 async def test_many_hanging_targets_hold_one_slot_each_once_they_time_out(
         db_url: str, conn: psycopg.Connection, receiver: Receiver) -> None:
-    release = asyncio.Event()
-
-    async def hang(req: Received) -> web.StreamResponse:
-        await release.wait()
-        return web.Response(status=200)
-
-    hanging = await Receiver(behaviour=hang).start()
-    try:
+    async with hanging_receiver() as (hanging, _):
         # Four hanging subscriptions at a cap of 2 could fill all 8 slots.
         for _ in range(4):
             subscribe(conn, hanging.url)
@@ -225,6 +226,3 @@ async def test_many_hanging_targets_hold_one_slot_each_once_they_time_out(
         # With every slot held by hanging targets, 40 deliveries would take 40 timeouts of
         # 0.5 s spread over the slots that free up; with one slot each there are 4 left.
         assert elapsed < 4.0
-    finally:
-        release.set()
-        await hanging.stop()
