@@ -139,3 +139,21 @@ CREATE TABLE webhooks.attempts (
 );
 CREATE INDEX attempts_delivery_idx ON webhooks.attempts (delivery_id);
 CREATE INDEX attempts_time_idx ON webhooks.attempts (attempted_at);
+
+-- A subscription as the REST API returns it (SPEC section 4): the API sends this text as
+-- is, so the JSON is built once, here. RFC 3339 UTC timestamps with microseconds.
+CREATE FUNCTION webhooks.subscription_json(s webhooks.subscriptions) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT json_build_object(
+        'id', s.id,
+        'resource', s.resource,
+        'events', array_to_string(s.events, ','),
+        'target', s.target,
+        'active', s.active,
+        'last_status', s.last_status,
+        'last_success_at', to_char(s.last_success_at AT TIME ZONE 'UTC',
+                                   'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'last_failure_at', to_char(s.last_failure_at AT TIME ZONE 'UTC',
+                                   'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'last_failure_content', s.last_failure_content)::text
+$$;

@@ -51,10 +51,10 @@ RETURNING id, resource, events, target, active, last_status, last_success_at,
           last_failure_at, last_failure_content
 
 -- name: api_subscription_list --
--- One row more than asked for tells the caller whether a next page exists.
-SELECT id, resource, events, target, active, last_status, last_success_at,
-       last_failure_at, last_failure_content
-  FROM webhooks.subscriptions
+-- One row more than asked for tells the caller whether a next page exists. Each row comes
+-- as its API JSON (webhooks.subscription_json), so the page is joined, not re-encoded.
+SELECT id, webhooks.subscription_json(s) AS doc
+  FROM webhooks.subscriptions s
  WHERE owner = %(owner)s
    AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
    AND id > %(after)s
@@ -64,9 +64,8 @@ SELECT id, resource, events, target, active, last_status, last_success_at,
  LIMIT %(limit)s
 
 -- name: api_subscription_get --
-SELECT id, resource, events, target, active, last_status, last_success_at,
-       last_failure_at, last_failure_content
-  FROM webhooks.subscriptions
+SELECT webhooks.subscription_json(s) AS doc
+  FROM webhooks.subscriptions s
  WHERE id = %(id)s AND owner = %(owner)s
    AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
 
