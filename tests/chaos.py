@@ -185,17 +185,23 @@ class Writer:
             text, params = ("INSERT INTO audit (id, tenant, version) "
                            "SELECT unnest(%s::uuid[]), %s, 1", (ids, tenant))
         try:
-            await conn.execute(text, params)
+            cur = await conn.execute(text, params)
             if rollback:
                 await conn.rollback()
                 self.rolled_back += len(planned)
                 return
             await conn.commit()
         except psycopg.OperationalError:
+            # The commit may or may not have happened (Postgres restarting): the database
+            # decides at the end, and these rows are never touched again, since what the
+            # writer believes of them may be wrong.
             for change in planned:
                 change.uncertain = True
+                self.rows.pop(change.row_id, None)
             self.changes += planned
             raise
+        if cur.rowcount == 0:
+            return  # nothing changed, nothing captured
         self.changes += planned
         self.apply(planned)
 
