@@ -3,7 +3,6 @@ the bench database, and small helpers to build attached tables and subscriptions
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import math
 import os
@@ -20,6 +19,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
+
+from service.handshake import new_secret
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -86,11 +87,6 @@ def error_result(name: str, exc: BaseException) -> Result:
     """The row of a scenario that failed: the suite goes on."""
     text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:160]
     return Result(name, None, None, "", "", None, None, "", error=text)
-
-
-def new_secret() -> str:
-    """A Standard Webhooks secret (`whsec_` + base64 of 24 random bytes)."""
-    return "whsec_" + base64.b64encode(os.urandom(24)).decode()
 
 
 def with_dbname(url: str, dbname: str) -> str:

@@ -14,7 +14,6 @@ from typing import Annotated, Any, cast
 from urllib.parse import urlencode
 
 import httpx
-import uvicorn
 from litestar import Litestar, MediaType, Request, Response, Router, delete, get, post, put
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
@@ -409,9 +408,3 @@ def create_app(settings: Settings, pool: Pool | None = None) -> Litestar:
         ),
     )
 
-
-async def serve(settings: Settings, host: str, port: int) -> None:
-    """Serves the API with uvicorn until SIGTERM or SIGINT."""
-    config = uvicorn.Config(create_app(settings), host=host, port=port, log_config=None,
-                            access_log=False, server_header=False)
-    await uvicorn.Server(config).serve()

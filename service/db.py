@@ -93,8 +93,3 @@ def migrate(url: str) -> list[str]:
         finally:
             lock_conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
 
-
-def load_sql_file(url: str, path: Path) -> None:
-    """Runs one SQL file in a single transaction."""
-    with psycopg.connect(url) as conn:
-        conn.execute(path.read_bytes())

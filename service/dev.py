@@ -24,9 +24,8 @@ def prepare(settings: Settings, token_file: Path) -> str:
         conn.execute(EXAMPLE_SCHEMA.read_bytes())
         token = token_file.read_text().strip() if token_file.exists() else ""
         if token and tokens.well_formed(token):
-            found = conn.execute("SELECT 1 FROM webhooks.tokens WHERE token_hash = %s "
-                                 "AND revoked_at IS NULL", (tokens.hash_token(token),)
-                                 ).fetchone()
+            found = conn.execute(db.query("token_lookup"),
+                                 {"token_hash": tokens.hash_token(token)}).fetchone()
             if found:
                 return token
         _, token = tokens.create(conn, DEV_OWNER)

@@ -74,11 +74,11 @@ class Worker:
         self._session = session
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
-        self._inflight: dict[int, Claim] = {}  # claimed, outcome not yet handed over
+        # Claimed, outcome not yet handed over: delivery id -> (claim, when it started).
+        self._inflight: dict[int, tuple[Claim, float]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._per_sub: dict[int, int] = {}
         self._degraded: set[int] = set()  # subscriptions held to one attempt in flight
-        self._started: dict[int, float] = {}  # delivery id -> when its attempt started
         self._recorder = Recorder(pool)
         self._box = SecretBox(settings.encryption_key)
         self._secrets: dict[str, str] = {}
@@ -202,11 +202,9 @@ class Worker:
         its full share of slots for a whole timeout.
         """
         slow_after = min(SLOW_AFTER, self.settings.delivery_timeout / 4)
-        for delivery_id, started in self._started.items():
+        for claim, started in self._inflight.values():
             if now - started > slow_after:
-                claim = self._inflight.get(delivery_id)
-                if claim is not None:
-                    self._degraded.add(claim.subscription_id)
+                self._degraded.add(claim.subscription_id)
 
     def _fanout_interval(self) -> float:
         """How long the outbox may go unchecked without a notification.
@@ -265,8 +263,7 @@ class Worker:
 
     def _start(self, c: Claim) -> None:
         self.stats.claimed += 1
-        self._inflight[c.id] = c
-        self._started[c.id] = asyncio.get_running_loop().time()
+        self._inflight[c.id] = (c, asyncio.get_running_loop().time())
         self._per_sub[c.subscription_id] = self._per_sub.get(c.subscription_id, 0) + 1
         task = asyncio.create_task(self._deliver(c))
         self._tasks.add(task)
@@ -301,7 +298,6 @@ class Worker:
             elif outcome.status == 0 or outcome.status == 429 or outcome.status >= 500:
                 self._degraded.add(c.subscription_id)
             del self._inflight[c.id]
-            self._started.pop(c.id, None)
             if outcome.outcome == "succeeded":
                 self.stats.succeeded += 1
             elif outcome.outcome == "pending":
@@ -327,7 +323,7 @@ class Worker:
             await asyncio.gather(*pending, return_exceptions=True)
         self._recorder.close()
         await recorder
-        leftover = list(self._inflight.values())
+        leftover = [claim for claim, _ in self._inflight.values()]
         self._inflight.clear()
         try:
             await delivery.release(self._pool, leftover)

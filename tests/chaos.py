@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import json
 import os
 import random
-import secrets
 import signal
 import subprocess
 import sys
@@ -34,6 +32,7 @@ from aiohttp import web
 from psycopg import sql
 
 from service import db, devdb
+from service.handshake import new_secret
 
 # Below the usual ephemeral range (32768-60999): a client socket that happens to hold the
 # port, even in TIME_WAIT, would keep the restarted server from binding it.
@@ -84,10 +83,6 @@ class Receipts:
 
     got: dict[str, list[tuple[str, str, int | None]]] = field(default_factory=dict)
     statuses: Counter[int] = field(default_factory=Counter)
-
-
-def _secret() -> str:
-    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
 
 
 async def start_receivers(receipts: Receipts, rng: random.Random) -> tuple[web.AppRunner, str]:
@@ -277,7 +272,7 @@ async def chaos(seconds: float, writers: int, kills: int, seed: int) -> int:
         for name, resource, events, tenant, _, active in SUBSCRIPTIONS:
             conn.execute("INSERT INTO webhooks.subscriptions (owner, tenant, resource, events, "
                          "target, secret, active) VALUES ('chaos', %s, %s, %s, %s, %s, %s)",
-                         (tenant, resource, events, f"{base}/{name}", _secret(), active))
+                         (tenant, resource, events, f"{base}/{name}", new_secret(), active))
 
     workers = [start_worker(url), start_worker(url)]
     deadline = time.monotonic() + seconds

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import os
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -17,6 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from service.config import Settings
 from service.db import make_pool
+from service.handshake import new_secret
 from service.worker import Worker, open_worker
 
 INVOICE_EVENTS = ["invoice.create", "invoice.update", "invoice.delete",
@@ -36,11 +35,6 @@ def make_settings(db_url: str, **overrides: Any) -> Settings:
     }
     values.update(overrides)
     return Settings(**values)
-
-
-def new_secret() -> str:
-    """A fresh secret in the Standard Webhooks form."""
-    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
 
 
 def subscribe(conn: psycopg.Connection, target: str, *, events: list[str] | None = None,
