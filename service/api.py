@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, cast
 from urllib.parse import urlencode
@@ -68,6 +69,7 @@ Pool = AsyncConnectionPool[Any]
 PoolDep = NamedDependency[Pool]
 PrincipalDep = NamedDependency[Principal]
 ClientDep = NamedDependency[httpx.AsyncClient]
+log = logging.getLogger("webhooks.api")
 SettingsDep = NamedDependency[Settings]
 BoxDep = NamedDependency[SecretBox]
 MetricsDep = NamedDependency[ApiMetrics]
@@ -159,6 +161,16 @@ def _scope(principal: Principal) -> dict[str, Any]:
 async def _fetch_tuples(pool: Pool, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
     async with pool.connection() as conn:
         return await (await conn.execute(db.query(name), params)).fetchall()
+
+
+async def _settle(pool: Pool, subscription_id: int, settings: Settings) -> None:
+    """Makes a subscription that just became active exact: see webhooks.settle_subscription."""
+    [(settled,)] = await _fetch_tuples(pool, "api_subscription_settle", {
+        "id": subscription_id, "timeout": settings.verify_timeout})
+    if not settled:
+        log.warning("subscription %s: a transaction writing to its resource was still open "
+                    "after %gs; its changes may not reach the new subscription",
+                    subscription_id, settings.verify_timeout)
 
 
 def _too_many(limit: int) -> ApiError:
@@ -256,6 +268,7 @@ async def create_webhook(
     if row is None:
         raise _too_many(limit)
     created = to_subscription(row)
+    await _settle(pool, created.id, settings)
     return Response(created, status_code=201,
                     headers={"Location": f"/api/v1/webhooks/{created.id}"})
 
@@ -279,6 +292,7 @@ async def update_webhook(
     request: Request[Any, Any, Any],
     principal: PrincipalDep,
     pool: PoolDep,
+    settings: SettingsDep,
 ) -> Subscription:
     """Sets `active`; other fields may be sent only with their current values."""
     number = _subscription_id(webhook_id)
@@ -307,6 +321,8 @@ async def update_webhook(
         await cur.execute(db.query("api_subscription_set_active"), {**key, "active": active})
         updated = await cur.fetchone()
     assert updated is not None
+    if active and not current.active:
+        await _settle(pool, number, settings)
     return to_subscription(updated)
 
 

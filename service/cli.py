@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import psycopg
 
-from service import __version__
+from service import __version__, db
 from service.config import ConfigError, Settings
 from service.logs import setup_logging
 from service.runner import run_loop
@@ -80,7 +80,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_token(args: argparse.Namespace) -> int:
     from service import tokens
 
-    with psycopg.connect(_settings().database_url, autocommit=True) as conn:
+    with db.connect(_settings().database_url) as conn:
         if args.token_command == "create":
             try:
                 token_id, token = tokens.create(conn, args.owner, args.tenant)
@@ -112,7 +112,7 @@ def cmd_secrets(args: argparse.Namespace) -> int:
     if args.secrets_command == "keygen":
         print(new_key())
         return 0
-    with psycopg.connect(_settings().database_url, autocommit=True) as conn:
+    with db.connect(_settings().database_url) as conn:
         try:
             changed, total = reseal_all(conn, _settings().encryption_key)
         except SecretsError as exc:

@@ -7,6 +7,7 @@ from functools import cache
 from pathlib import Path
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,6 +48,25 @@ def query(name: str) -> str:
     return queries()[name]
 
 
+# Service connections resolve unqualified names in pg_catalog only: every object of the
+# service is schema-qualified, and a function or operator planted in `public` (say a
+# `public.nextval(text)`, a better match for an untyped literal than pg_catalog's) can
+# never be picked up by the service's own queries.
+SEARCH_PATH_OPTION = "-c search_path=pg_catalog"
+
+
+def conninfo(url: str) -> str:
+    """The connection string of `url` with the service's search_path added to its options."""
+    options = conninfo_to_dict(url).get("options")
+    return make_conninfo(url, options=f"{options} {SEARCH_PATH_OPTION}" if options
+                         else SEARCH_PATH_OPTION)
+
+
+def connect(url: str) -> psycopg.Connection:
+    """An autocommit connection for the CLI, with the service's search_path."""
+    return psycopg.connect(conninfo(url), autocommit=True)
+
+
 def make_pool(url: str, *, min_size: int = 1, max_size: int = 10, name: str = "webhooks"
               ) -> AsyncConnectionPool:
     """An unopened async pool; the caller opens it (`await pool.open(wait=True)`) and closes it.
@@ -57,7 +77,7 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 10, name: str = "w
     the API answers 503 for that request.
     """
     return AsyncConnectionPool(
-        url,
+        conninfo(url),
         min_size=min_size,
         max_size=max_size,
         open=False,

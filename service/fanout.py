@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
+import psycopg
 from psycopg.rows import class_row
 from psycopg_pool import AsyncConnectionPool
 
 from service.db import query
 
+log = logging.getLogger("webhooks.fanout")
+
 # Held (per transaction) by the one worker fanning out at a time: see the fanout query.
 FANOUT_LOCK = 0x77686B66  # "whkf"
+
+# Errors of the data (SQLSTATE classes 22 and 54), not of the connection or the query: a
+# change PostgreSQL cannot turn into an event. They make fan-out retry carefully instead
+# of failing the same batch forever; any other error leaves the outbox as it is.
+DATA_ERRORS = (psycopg.errors.DataException, psycopg.errors.ProgramLimitExceeded)
 
 
 @dataclass(frozen=True)
@@ -21,22 +30,53 @@ class FanoutBatch:
     taken: int  # outbox rows (statements)
     changes: int  # changed rows they held
     created: int
+    rejected: int = 0  # changes set aside (webhooks.rejected_changes)
 
 
 # Rows whose JSON is larger than this are delivered without their `resource` member.
 DEFAULT_MAX_ROW_BYTES = 256 * 1024
 
 
-async def fan_out_batch(pool: AsyncConnectionPool, limit: int,
-                        max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> FanoutBatch:
-    """Moves up to `limit` outbox rows to events and deliveries, in one transaction."""
+async def _fan_out(pool: AsyncConnectionPool, limit: int, max_row_bytes: int,
+                   careful: bool) -> FanoutBatch:
     async with pool.connection() as conn:
         cur = conn.cursor(row_factory=class_row(FanoutBatch))
         await cur.execute(query("fanout"), {"lock_key": FANOUT_LOCK, "limit": limit,
-                                            "max_row_bytes": max_row_bytes})
+                                            "max_row_bytes": max_row_bytes,
+                                            "careful": careful})
         row = await cur.fetchone()
     assert row is not None
     return row
+
+
+async def fan_out_batch(pool: AsyncConnectionPool, limit: int,
+                        max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> FanoutBatch:
+    """Moves up to `limit` outbox rows to events and deliveries, in one transaction.
+
+    A batch that fails on its data is done again carefully: changes that cannot become
+    events are set aside with their reason, and the others go on. If even that fails, the
+    first statement of the outbox is set aside whole, so one row never stops the queue.
+    """
+    try:
+        return await _fan_out(pool, limit, max_row_bytes, careful=False)
+    except DATA_ERRORS as exc:
+        log.warning("fan-out batch failed on its data, retrying change by change: %s", exc)
+    try:
+        return await _fan_out(pool, limit, max_row_bytes, careful=True)
+    except DATA_ERRORS as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+    try:
+        return await _fan_out(pool, 1, max_row_bytes, careful=True)
+    except DATA_ERRORS as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+    async with pool.connection() as conn:
+        cur = await conn.execute(query("fanout_reject_first"),
+                                 {"lock_key": FANOUT_LOCK, "reason": reason[:4096]})
+        rejected = cur.rowcount
+    log.error("a captured statement could not be fanned out and was set aside "
+              "(webhooks.rejected_changes): %s", reason)
+    return FanoutBatch(locked=True, taken=max(rejected, 0), changes=0, created=0,
+                       rejected=max(rejected, 0))
 
 
 @dataclass
@@ -46,6 +86,7 @@ class Drained:
     taken: int = 0  # outbox rows (statements) processed
     changes: int = 0  # changed rows they held
     created: int = 0  # deliveries created
+    rejected: int = 0  # changes set aside
     locked: bool = True  # False when another worker held the fan-out lock
 
 
@@ -58,6 +99,7 @@ async def drain_outbox(pool: AsyncConnectionPool, batch_size: int,
         done.taken += batch.taken
         done.changes += batch.changes
         done.created += batch.created
+        done.rejected += batch.rejected
         done.locked = batch.locked
         if not batch.locked or batch.taken < batch_size:
             return done

@@ -15,7 +15,10 @@ CREATE TABLE webhooks.tokens (
     revoked_at  timestamptz
 );
 
--- One row per table whose changes are captured (written by webhooks.attach).
+-- One row per table whose changes are captured (written by webhooks.attach). Everything
+-- a captured change is (resource, noun, tenant, columns) comes from here: the capture
+-- function of a table is generated from its row (webhooks.install_capture), never from
+-- trigger arguments.
 CREATE TABLE webhooks.attachments (
     table_oid       regclass PRIMARY KEY,
     resource        text NOT NULL UNIQUE,
@@ -29,7 +32,9 @@ CREATE TABLE webhooks.attachments (
     exclude_columns text[] NOT NULL DEFAULT '{}',
     include_row     boolean NOT NULL,
     public          boolean NOT NULL,
-    attached_at     timestamptz NOT NULL DEFAULT now()
+    attached_at     timestamptz NOT NULL DEFAULT now(),
+    id              bigint GENERATED ALWAYS AS IDENTITY UNIQUE,  -- names its capture function
+    columns         text[]  -- allow-list: only these are sent (NULL: every column)
 );
 
 -- The hook-events registry: what integrators may subscribe to, per resource.
@@ -54,34 +59,59 @@ CREATE TABLE webhooks.subscriptions (
     last_status          integer,
     last_success_at      timestamptz,
     last_failure_at      timestamptz,
-    last_failure_content text
+    last_failure_content text,
+    -- The snapshot of the transaction that last made the subscription active: changes of
+    -- transactions it sees as committed happened before, and are never delivered to it.
+    active_since         pg_snapshot NOT NULL DEFAULT pg_current_snapshot()
 );
 CREATE INDEX subscriptions_owner_idx ON webhooks.subscriptions (owner, id);
--- The capture triggers probe this index to skip events nobody wants.
-CREATE INDEX subscriptions_active_resource_idx ON webhooks.subscriptions (resource)
-    WHERE active;
+
+-- What active subscriptions want, one row per (subscription, event), kept exact by the
+-- triggers on webhooks.subscriptions. The capture probe ("does anyone want this event")
+-- and fan-out's matching are index lookups here, whatever the number of subscriptions.
+CREATE TABLE webhooks.subscription_events (
+    subscription_id  bigint NOT NULL REFERENCES webhooks.subscriptions (id) ON DELETE CASCADE,
+    event            text NOT NULL,
+    resource         text NOT NULL,
+    tenant           text,
+    active_since     pg_snapshot NOT NULL,
+    PRIMARY KEY (subscription_id, event)
+);
+CREATE INDEX subscription_events_match_idx
+    ON webhooks.subscription_events (resource, event, tenant);
 
 -- Captured changes waiting for fan-out: one row per statement that changed an attached
--- table, written by the capture trigger in the writing transaction, with the changed rows
--- as one JSON array. Turning them into per-row JSONB, extracting ids, tenants and users,
--- and dropping excluded columns all happen at fan-out, in the worker, off the write path
--- (webhooks.outbox_changes shows the pending changes one row each).
+-- table, written by the table's capture function in the writing transaction. `rows` is a
+-- JSON array with one element per changed row, [resource_id, parent_id, tenant, user, row]:
+-- ids and the row as JSON, tenant and user as text, the row already limited to the
+-- columns that may leave the database (NULL when the table is attached with include_row
+-- false). Turning them into JSONB and building delivery bodies happen at fan-out, in the
+-- worker, off the write path (webhooks.outbox_changes shows one change a row).
 CREATE TABLE webhooks.outbox (
     id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     hook_resource   text NOT NULL,
     name            text NOT NULL,
     resource        text NOT NULL,
-    id_column       text NOT NULL,
     parent_resource text,
-    parent_column   text,
-    user_column     text,
-    tenant_column   text,
-    exclude_columns text[] NOT NULL,
     include_row     boolean NOT NULL,
     user_setting    text,           -- webhooks.user_id of the writing transaction
     role            text NOT NULL,  -- session_user of the writing transaction
     occurred_at     timestamptz NOT NULL,
-    rows            json NOT NULL
+    rows            json NOT NULL,
+    tenant_scoped   boolean NOT NULL DEFAULT false,
+    xid             xid8            -- the writing transaction (NULL for rows captured by 0001)
+);
+
+-- Changes that could not become events (a json value PostgreSQL cannot convert to jsonb,
+-- say), set aside by fan-out with the reason instead of blocking the queue.
+-- `webhooks status` shows them.
+CREATE TABLE webhooks.rejected_changes (
+    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    table_name    text NOT NULL,
+    event         text NOT NULL,
+    reason        text NOT NULL,
+    set_aside_at  timestamptz NOT NULL DEFAULT now(),
+    row_text      text  -- the captured change as text, cut to 64 KiB
 );
 
 -- Workers waiting for work, one row per worker's LISTEN connection (its backend pid).
@@ -142,18 +172,20 @@ CREATE INDEX attempts_time_idx ON webhooks.attempts (attempted_at);
 
 -- A subscription as the REST API returns it (SPEC section 4): the API sends this text as
 -- is, so the JSON is built once, here. RFC 3339 UTC timestamps with microseconds.
+-- Every name is schema-qualified: the API calls this for each row it lists, and a SET
+-- search_path would cost a plan revalidation per call.
 CREATE FUNCTION webhooks.subscription_json(s webhooks.subscriptions) RETURNS text
 LANGUAGE sql STABLE AS $$
-    SELECT json_build_object(
+    SELECT pg_catalog.json_build_object(
         'id', s.id,
         'resource', s.resource,
-        'events', array_to_string(s.events, ','),
+        'events', pg_catalog.array_to_string(s.events, ','),
         'target', s.target,
         'active', s.active,
         'last_status', s.last_status,
-        'last_success_at', to_char(s.last_success_at AT TIME ZONE 'UTC',
-                                   'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-        'last_failure_at', to_char(s.last_failure_at AT TIME ZONE 'UTC',
-                                   'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-        'last_failure_content', s.last_failure_content)::text
+        'last_success_at', pg_catalog.to_char(s.last_success_at AT TIME ZONE 'UTC',
+                                              'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'last_failure_at', pg_catalog.to_char(s.last_failure_at AT TIME ZONE 'UTC',
+                                              'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'last_failure_content', s.last_failure_content)::pg_catalog.text
 $$;

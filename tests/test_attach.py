@@ -109,10 +109,10 @@ BAD_CALLS = [
      "parent_resource and parent_column go together"),
     ("webhooks.attach('shipments', resource => 'invoices', noun => 'shipment', "
      "id_column => 'shipment_no')",
-     "resource 'invoices' is already attached to table invoices"),
+     "resource 'invoices' is already attached to table public.invoices"),
     ("webhooks.attach('shipments', resource => 'shipments', noun => 'payment', "
      "id_column => 'shipment_no', parent_resource => 'invoices', "
-     "parent_column => 'invoice_id')", "already belong to table payments"),
+     "parent_column => 'invoice_id')", "already belong to table public.payments"),
     ("webhooks.attach('webhooks.attempts_delivery_idx', resource => 'x', noun => 'x')",
      "is not a table"),
 ]

@@ -44,12 +44,17 @@ def test_migrations_build_exactly_the_schema_in_sql(db_url: str, empty_db: str) 
     with psycopg.connect(empty_db, autocommit=True) as conn:
         conn.execute(db.SQL_DIR.joinpath("schema.sql").read_bytes())
         conn.execute(db.SQL_DIR.joinpath("triggers", "capture.sql").read_bytes())
-    # db_url is a clone of the migrated template (the example schema lives in public).
+        # The attached tables' generated capture functions live in the webhooks schema.
+        conn.execute(db.SQL_DIR.joinpath("triggers", "example_invoices.sql").read_bytes())
+    # db_url is a clone of the migrated template, with the example attached.
     assert dump_schema(empty_db) == dump_schema(db_url)
 
 
+MIGRATIONS = sorted(p.stem for p in db.MIGRATIONS_DIR.glob("*.sql"))
+
+
 def test_migrate_twice_is_a_no_op(empty_db: str) -> None:
-    assert db.migrate(empty_db) == ["0001.initial"]
+    assert db.migrate(empty_db) == MIGRATIONS
     assert db.migrate(empty_db) == []
 
 
@@ -64,12 +69,13 @@ def test_two_processes_migrating_at_once(empty_db: str) -> None:
         results = list(pool.map(run, range(2)))
     assert [r.returncode for r in results] == [0, 0], [r.stderr for r in results]
     outputs = sorted(r.stdout.strip() for r in results)
-    assert outputs == ["applied 1 migration(s): 0001.initial", "database is up to date"]
+    assert outputs == [f"applied {len(MIGRATIONS)} migration(s): {', '.join(MIGRATIONS)}",
+                       "database is up to date"]
     with psycopg.connect(empty_db) as conn:
         tables = conn.execute("SELECT count(*) FROM information_schema.tables "
                               "WHERE table_schema = 'webhooks' AND table_type = 'BASE TABLE'"
                               ).fetchone()
-    assert tables == (9,)
+    assert tables == (11,)
 
 
 def test_query_files_parse() -> None:

@@ -91,3 +91,8 @@ DELETE FROM webhooks.subscriptions
  WHERE id = %(id)s AND owner = %(owner)s
    AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
 RETURNING id
+
+-- name: api_subscription_settle --
+-- After a subscription became active (created or re-activated, committed): waits for the
+-- writers whose capture probe could not see it yet, then starts it (SPEC section 5).
+SELECT webhooks.settle_subscription(%(id)s, make_interval(secs => %(timeout)s)) AS settled

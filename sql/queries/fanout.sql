@@ -19,20 +19,47 @@ WITH lock AS (
                      FOR UPDATE SKIP LOCKED)
     RETURNING o.id, o
 ), changes AS (
-    SELECT nextval('webhooks.event_ids') AS event_id, ordered.*
+    SELECT nextval('webhooks.event_ids'::regclass) AS event_id, ordered.*
       FROM (SELECT (b.o).hook_resource, (b.o).name, (b.o).resource, (b.o).parent_resource,
-                   (b.o).occurred_at, c.*
+                   (b.o).occurred_at, (b.o).xid, c.*
               FROM batch b
-             CROSS JOIN LATERAL webhooks.changes(b.o) c
+             CROSS JOIN LATERAL webhooks.changes(b.o, %(careful)s) c
              ORDER BY b.id, c.n) ordered
-), matched AS (
-    SELECT ch.event_id, s.id AS subscription_id
+), rejected AS (
+    -- Careful mode only: changes that cannot become events are set aside, with why.
+    INSERT INTO webhooks.rejected_changes (table_name, event, reason, row_text)
+    SELECT coalesce((SELECT a.table_oid::text FROM webhooks.attachments a
+                      WHERE a.resource = ch.resource), ch.resource),
+           ch.name, ch.problem, left(ch.raw::text, 65536)
       FROM changes ch
-      JOIN webhooks.subscriptions s
-        ON s.active
-       AND s.resource = ch.hook_resource
-       AND ch.name = ANY (s.events)
-       AND (s.tenant IS NULL OR NOT ch.tenant_scoped OR s.tenant = ch.tenant)
+     WHERE ch.problem IS NOT NULL
+    RETURNING 1
+), matched AS (
+    -- Active subscriptions that want the event, by index on (resource, event, tenant),
+    -- in three arms so each is an index lookup: subscriptions without a tenant, those of
+    -- the change's tenant, and every tenant's when the table has no tenant column.
+    -- A subscription whose activation saw the writing transaction as committed (it was
+    -- inactive, or did not exist, when the change committed) gets nothing.
+    SELECT ch.event_id, se.subscription_id
+      FROM changes ch
+      JOIN webhooks.subscription_events se
+        ON se.resource = ch.hook_resource AND se.event = ch.name AND se.tenant IS NULL
+     WHERE ch.problem IS NULL
+       AND (ch.xid IS NULL OR NOT pg_visible_in_snapshot(ch.xid, se.active_since))
+    UNION ALL
+    SELECT ch.event_id, se.subscription_id
+      FROM changes ch
+      JOIN webhooks.subscription_events se
+        ON se.resource = ch.hook_resource AND se.event = ch.name AND se.tenant = ch.tenant
+     WHERE ch.problem IS NULL AND ch.tenant_scoped
+       AND (ch.xid IS NULL OR NOT pg_visible_in_snapshot(ch.xid, se.active_since))
+    UNION ALL
+    SELECT ch.event_id, se.subscription_id
+      FROM changes ch
+      JOIN webhooks.subscription_events se
+        ON se.resource = ch.hook_resource AND se.event = ch.name AND se.tenant IS NOT NULL
+     WHERE ch.problem IS NULL AND NOT ch.tenant_scoped
+       AND (ch.xid IS NULL OR NOT pg_visible_in_snapshot(ch.xid, se.active_since))
 ), kept AS (
     INSERT INTO webhooks.events (id, hook_resource, name, tenant, occurred_at, body)
     SELECT ch.event_id, ch.hook_resource, ch.name, ch.tenant, ch.occurred_at,
@@ -73,4 +100,22 @@ WITH lock AS (
 SELECT (SELECT ok FROM lock) AS locked,
        (SELECT count(*) FROM batch) AS taken,
        (SELECT count(*) FROM changes) AS changes,
-       (SELECT count(*) FROM created) AS created
+       (SELECT count(*) FROM created) AS created,
+       (SELECT count(*) FROM rejected) AS rejected
+
+-- name: fanout_reject_first --
+-- Last resort when even a careful fan-out of the first outbox row fails: that statement's
+-- changes are set aside whole, with the error, so the rows behind it go on.
+WITH lock AS (
+    SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS ok
+), first AS (
+    DELETE FROM webhooks.outbox o
+     WHERE o.id = (SELECT id FROM webhooks.outbox WHERE (SELECT ok FROM lock)
+                    ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+    RETURNING o.*
+)
+INSERT INTO webhooks.rejected_changes (table_name, event, reason, row_text)
+SELECT coalesce((SELECT a.table_oid::text FROM webhooks.attachments a
+                  WHERE a.resource = f.resource), f.resource),
+       f.name, %(reason)s, left(f.rows::text, 65536)
+  FROM first f

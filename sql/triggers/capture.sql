@@ -1,99 +1,302 @@
--- Change capture: webhooks.attach / webhooks.detach and the trigger function they install.
+-- Change capture: webhooks.attach / webhooks.detach, the capture function each attached
+-- table gets, the subscription registry the capture probes, and the event triggers that
+-- keep attachments true to their tables.
 --
--- Three statement-level AFTER triggers per attached table, each with a transition table,
--- so a 100-row INSERT runs the function once, not 100 times. Everything the function needs
--- is passed as trigger arguments by attach(), so the hot path does no catalogue lookup and
--- no dynamic SQL; the only query it runs before writing is an index probe that skips the
--- write when no active subscription wants the event.
+-- Privilege model (README, "Privileges"): the capture functions run as SECURITY DEFINER so
+-- that application roles need no rights on the webhooks schema, which makes them the one
+-- place where a writer's statement runs with the service's rights. They therefore run no
+-- code that a table's owner or writer can define:
+--   * a row becomes JSON column by column, with the column list fixed when the function
+--     is generated. Columns of built-in types (through domains and arrays) go through
+--     json_build_object, which consults no casts for built-in types; any other type (an
+--     enum, a composite, a range or an extension type, which may carry a cast to json
+--     that its owner wrote) is sent as its text form, through its output function
+--     (format('%s')), which only a superuser can define;
+--   * every function, operator and type is schema-qualified (a per-call SET search_path
+--     costs about 65 us per statement on PostgreSQL 15), transition tables are read by
+--     their trigger names, and the table's columns only as c."name";
+--   * what a change is (resource, noun, tenant, columns) is generated from the table's row
+--     in webhooks.attachments, and the function checks that the firing table is that row's
+--     table: a trigger that some role puts on another table produces nothing. EXECUTE on
+--     every function of the schema is revoked from PUBLIC, so no other role can create such
+--     a trigger in the first place (EXECUTE is checked when a trigger is created, not
+--     when it fires).
+-- Every other function sets search_path = pg_catalog, pg_temp.
 
--- SECURITY DEFINER: application roles need no privileges on the webhooks schema to write
--- to an attached table; user_id falls back to session_user, the role that logged in.
---
--- The function sets no search_path: on PostgreSQL 15 a per-call SET search_path cost about
--- 65 us per statement (plans are revalidated on every path change), several times the rest
--- of the function. Instead every function, operator and type below is schema-qualified, so
--- a caller's search_path cannot substitute objects of its own in a definer context.
-CREATE OR REPLACE FUNCTION webhooks.capture() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER AS $$
+-- The capture probe's lock: writers hold it (shared, per resource) from the probe to their
+-- commit, so that making a subscription active can wait for the writers whose probe ran
+-- before the subscription could be seen (webhooks.settle_subscription).
+CREATE OR REPLACE FUNCTION webhooks.probe_lock_class() RETURNS integer
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$ SELECT 2003331939 $$;  -- "whkc"
+
+
+-- Whether json_build_object turns values of this type into JSON without consulting a cast
+-- (PostgreSQL looks for a cast to json only for types that are not built in, after looking
+-- through domains and into arrays).
+CREATE OR REPLACE FUNCTION webhooks.json_safe_type(typ oid) RETURNS boolean
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    -- TG_ARGV, as written by webhooks.attach:
-    -- 0 hook_resource, 1 noun, 2 resource, 3 id_column, 4 parent_resource,
-    -- 5 parent_column, 6 user_column, 7 tenant_column, 8 exclude_columns, 9 include_row
-    v_name pg_catalog.text := TG_ARGV[1] OPERATOR(pg_catalog.||)
-        CASE WHEN TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN '.create'
-             WHEN TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN '.update'
-             ELSE '.delete' END;
+    t record;
+BEGIN
+    LOOP
+        SELECT p.typtype, p.typbasetype, p.typelem, p.typcategory INTO t
+          FROM pg_type p WHERE p.oid = json_safe_type.typ;
+        IF NOT FOUND THEN
+            RETURN false;
+        ELSIF t.typtype = 'd' THEN
+            typ := t.typbasetype;
+        ELSIF t.typcategory = 'A' AND t.typelem <> 0 THEN
+            typ := t.typelem;
+        ELSE
+            RETURN typ < 16384;  -- FirstNormalObjectId: built into the server
+        END IF;
+    END LOOP;
+END
+$$;
+
+
+-- The SQL expression that turns column `name` of the row alias c into a JSON value
+-- (`as_text`: into text, for tenants and users), running no code its type's owner wrote.
+CREATE OR REPLACE FUNCTION webhooks.column_sql(table_name regclass, name text,
+                                               as_text boolean DEFAULT false) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_type oid;
+    v_ref text := 'c.' || quote_ident(column_sql.name);
+BEGIN
+    SELECT a.atttypid INTO v_type FROM pg_attribute a
+     WHERE a.attrelid = column_sql.table_name AND a.attname = column_sql.name
+       AND a.attnum > 0 AND NOT a.attisdropped;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'webhooks.attach: table % has no column %',
+            column_sql.table_name, quote_ident(column_sql.name) USING ERRCODE = 'undefined_column';
+    END IF;
+    IF NOT as_text AND webhooks.json_safe_type(v_type) THEN
+        RETURN v_ref;
+    END IF;
+    RETURN format('CASE WHEN %s IS NULL THEN NULL ELSE pg_catalog.format(''%%s'', %s) END',
+                  v_ref, v_ref);
+END
+$$;
+
+
+-- The JSON object of the columns that may leave the database, in table order.
+-- json_build_object takes at most 100 arguments, so wider rows are built in parts and
+-- joined as text.
+CREATE OR REPLACE FUNCTION webhooks.row_sql(a webhooks.attachments) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_parts text[] := '{}';
+    v_args text[] := '{}';
+    v_column name;
+BEGIN
+    FOR v_column IN
+        SELECT t.attname FROM pg_attribute t
+         WHERE t.attrelid = a.table_oid AND t.attnum > 0 AND NOT t.attisdropped
+           AND NOT t.attname = ANY (a.exclude_columns)
+           AND (a.columns IS NULL OR t.attname = ANY (a.columns))
+         ORDER BY t.attnum
+    LOOP
+        v_args := v_args || format('%L, %s', v_column, webhooks.column_sql(a.table_oid, v_column));
+        IF cardinality(v_args) = 50 THEN
+            v_parts := v_parts || format('pg_catalog.json_build_object(%s)',
+                                         array_to_string(v_args, ', '));
+            v_args := '{}';
+        END IF;
+    END LOOP;
+    IF cardinality(v_args) > 0 OR cardinality(v_parts) = 0 THEN
+        v_parts := v_parts || format('pg_catalog.json_build_object(%s)',
+                                     array_to_string(v_args, ', '));
+    END IF;
+    IF cardinality(v_parts) = 1 THEN
+        RETURN v_parts[1];
+    END IF;
+    -- '{' || the parts without their braces, joined by ', ' || '}', parsed back as json.
+    RETURN '(''{'' OPERATOR(pg_catalog.||) ' || (
+        SELECT string_agg(format('pg_catalog.left(pg_catalog.substr((%s)::pg_catalog.text, 2), -1)', p),
+                          ' OPERATOR(pg_catalog.||) '', '' OPERATOR(pg_catalog.||) ')
+          FROM unnest(v_parts) AS p)
+        || ' OPERATOR(pg_catalog.||) ''}'')::pg_catalog.json';
+END
+$$;
+
+
+-- The text of the capture function of one attachment (see the privilege model above).
+CREATE OR REPLACE FUNCTION webhooks.capture_source(a webhooks.attachments) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_element text;
+    v_body text;
+    v_tag text := 'capture';
+BEGIN
+    -- One element per changed row: [resource_id, parent_id, tenant, user, row].
+    v_element := format(
+        'pg_catalog.json_build_array(%s, %s, %s, %s, %s)',
+        webhooks.column_sql(a.table_oid, a.id_column),
+        CASE WHEN a.parent_column IS NULL THEN 'NULL'
+             ELSE webhooks.column_sql(a.table_oid, a.parent_column) END,
+        CASE WHEN a.tenant_column IS NULL THEN 'NULL'
+             ELSE webhooks.column_sql(a.table_oid, a.tenant_column, true) END,
+        CASE WHEN a.user_column IS NULL THEN 'NULL'
+             ELSE webhooks.column_sql(a.table_oid, a.user_column, true) END,
+        CASE WHEN a.include_row THEN webhooks.row_sql(a) ELSE 'NULL' END);
+    v_body := format($src$
+-- Generated by webhooks.install_capture for attachment %1$s: do not edit; it is written
+-- again by webhooks.attach and whenever the table is altered.
+DECLARE
+    -- Held until commit; see webhooks.probe_lock_class.
+    v_lock pg_catalog.bool := pg_catalog.pg_try_advisory_xact_lock_shared(%2$s, %3$s);
+    v_name pg_catalog.text :=
+        CASE WHEN TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN %4$L
+             WHEN TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN %5$L
+             ELSE %6$L END;
     v_rows pg_catalog.json;
 BEGIN
-    -- Each statement here is one SPI call, a few microseconds each; when no active
-    -- subscription wants the event, the index probe is the only one.
-    PERFORM 1 FROM webhooks.subscriptions s
-     WHERE s.active AND s.resource OPERATOR(pg_catalog.=) TG_ARGV[0]
-       AND v_name OPERATOR(pg_catalog.=) ANY (s.events)
-     LIMIT 1;
+    -- The probe: this table is the attachment's, and an active subscription wants the
+    -- event. Each statement here is one SPI call; when nobody wants it, this is the only one.
+    PERFORM 1 FROM webhooks.attachments a
+     WHERE a.id OPERATOR(pg_catalog.=) %1$s
+       AND a.table_oid OPERATOR(pg_catalog.=) TG_RELID
+       AND EXISTS (SELECT 1 FROM webhooks.subscription_events s
+                    WHERE s.resource OPERATOR(pg_catalog.=) %7$L
+                      AND s.event OPERATOR(pg_catalog.=) v_name);
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
     IF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
-        -- Only rows that really changed: an UPDATE that rewrites a row with the same
-        -- values produces no event.
-        SELECT pg_catalog.json_agg(c.j) INTO v_rows
-          FROM (SELECT pg_catalog.to_jsonb(r) AS j FROM changed_rows r
+        -- Only rows whose captured form really changed.
+        SELECT pg_catalog.json_agg(x.e::pg_catalog.json) INTO v_rows
+          FROM (SELECT (%8$s)::pg_catalog.text AS e FROM changed_rows c
                 EXCEPT ALL
-                SELECT pg_catalog.to_jsonb(r) FROM old_rows r) c;
+                SELECT (%8$s)::pg_catalog.text FROM old_rows c) x;
         IF v_rows IS NULL THEN
             RETURN NULL;
         END IF;
     END IF;
-
-    -- changed_rows is NEW TABLE for INSERT and UPDATE, OLD TABLE for DELETE (see attach).
-    -- json_agg writes the rows as text, in statement order, at about half the cost of
-    -- building JSONB per row; the worker parses them at fan-out.
-    INSERT INTO webhooks.outbox (hook_resource, name, resource, id_column, parent_resource,
-                                 parent_column, user_column, tenant_column, exclude_columns,
-                                 include_row, user_setting, role, occurred_at, rows)
-    SELECT TG_ARGV[0], v_name, TG_ARGV[2], TG_ARGV[3],
-           CASE WHEN TG_ARGV[4] OPERATOR(pg_catalog.<>) '' THEN TG_ARGV[4] END,
-           CASE WHEN TG_ARGV[5] OPERATOR(pg_catalog.<>) '' THEN TG_ARGV[5] END,
-           CASE WHEN TG_ARGV[6] OPERATOR(pg_catalog.<>) '' THEN TG_ARGV[6] END,
-           CASE WHEN TG_ARGV[7] OPERATOR(pg_catalog.<>) '' THEN TG_ARGV[7] END,
-           TG_ARGV[8]::pg_catalog.text[], TG_ARGV[9]::pg_catalog.bool,
-           pg_catalog.current_setting('webhooks.user_id', true),
-           session_user::pg_catalog.text, pg_catalog.statement_timestamp(), x.rows
-      FROM (SELECT coalesce(v_rows, (SELECT pg_catalog.json_agg(r) FROM changed_rows r))
-                   AS rows) x
+    -- changed_rows is NEW TABLE for INSERT and UPDATE, OLD TABLE for DELETE.
+    INSERT INTO webhooks.outbox (hook_resource, name, resource, parent_resource, include_row,
+                                 user_setting, role, occurred_at, rows, tenant_scoped, xid)
+    SELECT %7$L, v_name, %9$L, %10$L, %11$L,
+           pg_catalog.current_setting('webhooks.user_id', true), session_user,
+           pg_catalog.statement_timestamp(), x.rows, %12$L, pg_catalog.pg_current_xact_id()
+      FROM (SELECT coalesce(v_rows, (SELECT pg_catalog.json_agg(%8$s)
+                                        FROM changed_rows c)) AS rows) x
      WHERE x.rows IS NOT NULL;  -- a statement that changed no row
-
     -- Wake a worker only when one waits (webhooks.wakeups): commits that NOTIFY serialise
     -- on a database-wide lock, so a busy system, whose workers poll the outbox anyway,
-    -- sends none. Postgres folds identical notifications of a transaction into one,
-    -- delivered at commit; the payload carries no row data.
+    -- sends none. Postgres folds identical notifications of a transaction into one.
     IF FOUND THEN
         PERFORM pg_catalog.pg_notify('webhooks', '') FROM webhooks.wakeups LIMIT 1;
     END IF;
     RETURN NULL;
 END
+$src$,
+        a.id, webhooks.probe_lock_class(), hashtext(a.hook_resource), a.noun || '.create',
+        a.noun || '.update', a.noun || '.delete', a.hook_resource, v_element, a.resource,
+        a.parent_resource, a.include_row, a.tenant_column IS NOT NULL);
+    -- Column names and literals are quoted, but a dollar quote ends at its tag wherever
+    -- it appears: pick one the body does not contain.
+    WHILE position('$' || v_tag || '$' IN v_body) > 0 LOOP
+        v_tag := v_tag || '_';
+    END LOOP;
+    RETURN format('CREATE OR REPLACE FUNCTION webhooks.%I() RETURNS trigger '
+                  'LANGUAGE plpgsql SECURITY DEFINER AS $%s$%s$%s$',
+                  'capture_' || a.id, v_tag, v_body, v_tag);
+END
+$$;
+
+
+-- Checks that every column the attachment names exists, then (re)writes the table's
+-- capture function and makes sure its three triggers call it.
+CREATE OR REPLACE FUNCTION webhooks.install_capture(table_name regclass) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    a webhooks.attachments;
+    v_column text;
+    v_function text;
+BEGIN
+    SELECT * INTO a FROM webhooks.attachments x WHERE x.table_oid = install_capture.table_name;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    FOREACH v_column IN ARRAY
+        ARRAY[a.id_column, a.parent_column, a.user_column, a.tenant_column]
+        || a.exclude_columns || coalesce(a.columns, '{}')
+    LOOP
+        CONTINUE WHEN v_column IS NULL;
+        PERFORM 1 FROM pg_attribute t
+         WHERE t.attrelid = a.table_oid AND t.attname = v_column
+           AND t.attnum > 0 AND NOT t.attisdropped;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'webhooks: table % has no column % any more, and its attachment names it',
+                a.table_oid, quote_ident(v_column)
+                USING ERRCODE = 'undefined_column',
+                      HINT = 'Renaming or dropping a column that webhooks.attach names (id, '
+                             'parent, user, tenant, excluded or listed columns) is refused: '
+                             'run webhooks.attach again without it first, or webhooks.detach.';
+        END IF;
+    END LOOP;
+
+    v_function := 'capture_' || a.id;
+    EXECUTE webhooks.capture_source(a);
+    EXECUTE format('REVOKE ALL ON FUNCTION webhooks.%I() FROM PUBLIC', v_function);
+
+    IF (SELECT count(*) FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+         WHERE t.tgrelid = a.table_oid AND p.proname = v_function
+           AND p.pronamespace = 'webhooks'::regnamespace
+           AND t.tgname IN ('webhooks_1_insert', 'webhooks_2_update', 'webhooks_3_delete')) = 3
+    THEN
+        RETURN;
+    END IF;
+    PERFORM webhooks.drop_capture_triggers(a.table_oid);
+    EXECUTE format('CREATE TRIGGER webhooks_1_insert AFTER INSERT ON %s '
+                   'REFERENCING NEW TABLE AS changed_rows '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION webhooks.%I()', a.table_oid, v_function);
+    EXECUTE format('CREATE TRIGGER webhooks_2_update AFTER UPDATE ON %s '
+                   'REFERENCING OLD TABLE AS old_rows NEW TABLE AS changed_rows '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION webhooks.%I()', a.table_oid, v_function);
+    EXECUTE format('CREATE TRIGGER webhooks_3_delete AFTER DELETE ON %s '
+                   'REFERENCING OLD TABLE AS changed_rows '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION webhooks.%I()', a.table_oid, v_function);
+END
+$$;
+
+
+-- Why a JSON value cannot become JSONB, or NULL when it can.
+CREATE OR REPLACE FUNCTION webhooks.jsonb_problem(value json) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM value::jsonb;
+    RETURN NULL;
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLERRM;
+END
 $$;
 
 
 -- The changes of one outbox row, one row each, as they are delivered: the row as JSONB
--- without its excluded columns (NULL when the table is attached with include_row false),
--- its id, parent id, tenant and user_id (the transaction's webhooks.user_id unless empty,
--- else the user column, else the role).
-CREATE OR REPLACE FUNCTION webhooks.changes(o webhooks.outbox)
+-- (NULL when the table is attached with include_row false), its id, parent id, tenant and
+-- user_id (the transaction's webhooks.user_id unless empty, else the user column, else
+-- the role). With `careful`, a change whose JSON PostgreSQL cannot take as JSONB (a
+-- \u0000 in a json column, say) comes with the reason in `problem` and no values, instead
+-- of failing the statement, and `raw` holds it as captured; fan-out sets it aside.
+CREATE OR REPLACE FUNCTION webhooks.changes(o webhooks.outbox, careful boolean DEFAULT false)
 RETURNS TABLE (n bigint, resource_id jsonb, parent_id jsonb, user_id text,
-               tenant_scoped boolean, tenant text, row_data jsonb)
-LANGUAGE sql STABLE AS $$
+               tenant_scoped boolean, tenant text, row_data jsonb, problem text, raw json)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT e.n,
-           coalesce(e.j -> o.id_column, 'null'::jsonb),
-           CASE WHEN o.parent_column IS NOT NULL
-                THEN coalesce(e.j -> o.parent_column, 'null'::jsonb) END,
-           coalesce(nullif(o.user_setting, ''), e.j ->> o.user_column, o.role),
-           o.tenant_column IS NOT NULL,
-           e.j ->> o.tenant_column,
-           CASE WHEN o.include_row THEN e.j - o.exclude_columns END
-      FROM (SELECT x.j::jsonb AS j, x.n
-              FROM json_array_elements(o.rows) WITH ORDINALITY AS x (j, n)) e
+           CASE WHEN p.problem IS NULL THEN (e.j -> 0)::jsonb END,
+           CASE WHEN p.problem IS NULL AND o.parent_resource IS NOT NULL
+                THEN (e.j -> 1)::jsonb END,
+           coalesce(nullif(o.user_setting, ''), e.j ->> 3, o.role),
+           o.tenant_scoped,
+           e.j ->> 2,
+           CASE WHEN p.problem IS NULL AND o.include_row THEN (e.j -> 4)::jsonb END,
+           p.problem,
+           CASE WHEN p.problem IS NOT NULL THEN e.j END
+      FROM json_array_elements(o.rows) WITH ORDINALITY AS e (j, n)
+     CROSS JOIN LATERAL (SELECT CASE WHEN careful THEN webhooks.jsonb_problem(e.j) END
+                                AS problem) p
 $$;
 
 
@@ -107,7 +310,7 @@ SELECT o.id AS outbox_id, c.n, o.hook_resource, o.name, o.resource, c.resource_i
 
 
 CREATE OR REPLACE FUNCTION webhooks.drop_capture_triggers(table_name regclass) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_trigger name;
 BEGIN
@@ -123,10 +326,16 @@ $$;
 
 
 CREATE OR REPLACE FUNCTION webhooks.detach(table_name regclass) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_id bigint;
 BEGIN
     PERFORM webhooks.drop_capture_triggers(detach.table_name);
-    DELETE FROM webhooks.attachments a WHERE a.table_oid = detach.table_name;
+    DELETE FROM webhooks.attachments a WHERE a.table_oid = detach.table_name
+    RETURNING a.id INTO v_id;
+    IF v_id IS NOT NULL THEN
+        EXECUTE format('DROP FUNCTION IF EXISTS webhooks.%I()', 'capture_' || v_id);
+    END IF;
 END
 $$;
 
@@ -134,6 +343,8 @@ COMMENT ON FUNCTION webhooks.detach(regclass) IS
     'Stops capturing changes of the table and removes its events from the registry.';
 
 
+DROP FUNCTION IF EXISTS webhooks.attach(regclass, text, text, text, text, text, text, text,
+                                        text[], boolean, boolean);
 CREATE OR REPLACE FUNCTION webhooks.attach(
     table_name      regclass,
     resource        text,
@@ -145,15 +356,15 @@ CREATE OR REPLACE FUNCTION webhooks.attach(
     tenant_column   text DEFAULT NULL,
     exclude_columns text[] DEFAULT '{}',
     include_row     boolean DEFAULT true,
-    public          boolean DEFAULT true
+    public          boolean DEFAULT true,
+    columns         text[] DEFAULT NULL
 ) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_hook_resource text := coalesce(attach.parent_resource, attach.resource);
     v_kind "char";
     v_column text;
     v_other regclass;
-    v_args text;
 BEGIN
     SELECT c.relkind INTO v_kind FROM pg_class c WHERE c.oid = attach.table_name;
     IF v_kind NOT IN ('r', 'p') THEN
@@ -185,10 +396,15 @@ BEGIN
         RAISE EXCEPTION 'webhooks.attach: include_row and public must be true or false'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF array_position(attach.exclude_columns, NULL) IS NOT NULL
+       OR array_position(attach.columns, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'webhooks.attach: exclude_columns and columns must not contain NULL'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
 
     FOREACH v_column IN ARRAY
         ARRAY[attach.id_column, attach.parent_column, attach.user_column, attach.tenant_column]
-        || coalesce(attach.exclude_columns, '{}')
+        || coalesce(attach.exclude_columns, '{}') || coalesce(attach.columns, '{}')
     LOOP
         CONTINUE WHEN v_column IS NULL;
         PERFORM 1 FROM pg_attribute
@@ -219,41 +435,170 @@ BEGIN
     -- Serialise concurrent attach/detach of the same table.
     PERFORM pg_advisory_xact_lock(hashtext('webhooks.attach'), attach.table_name::oid::integer);
 
-    DELETE FROM webhooks.attachments a WHERE a.table_oid = attach.table_name;
+    PERFORM webhooks.detach(attach.table_name);
     INSERT INTO webhooks.attachments (table_oid, resource, noun, hook_resource, parent_resource,
                                       parent_column, id_column, user_column, tenant_column,
-                                      exclude_columns, include_row, public)
+                                      exclude_columns, include_row, public, columns)
     VALUES (attach.table_name, attach.resource, attach.noun, v_hook_resource,
             attach.parent_resource, attach.parent_column, attach.id_column, attach.user_column,
             attach.tenant_column, coalesce(attach.exclude_columns, '{}'), attach.include_row,
-            attach.public);
+            attach.public, attach.columns);
     INSERT INTO webhooks.hook_events (resource, event, public, table_oid)
     SELECT v_hook_resource, attach.noun || '.' || verb, attach.public, attach.table_name
       FROM unnest(ARRAY['create', 'update', 'delete']) AS verb;
 
-    v_args := format('%L, %L, %L, %L, %L, %L, %L, %L, %L, %L',
-                     v_hook_resource, attach.noun, attach.resource, attach.id_column,
-                     coalesce(attach.parent_resource, ''), coalesce(attach.parent_column, ''),
-                     coalesce(attach.user_column, ''), coalesce(attach.tenant_column, ''),
-                     coalesce(attach.exclude_columns, '{}')::text, attach.include_row::text);
-
-    PERFORM webhooks.drop_capture_triggers(attach.table_name);
-    EXECUTE format('CREATE TRIGGER webhooks_1_insert AFTER INSERT ON %s '
-                   'REFERENCING NEW TABLE AS changed_rows '
-                   'FOR EACH STATEMENT EXECUTE FUNCTION webhooks.capture(%s)',
-                   attach.table_name, v_args);
-    EXECUTE format('CREATE TRIGGER webhooks_2_update AFTER UPDATE ON %s '
-                   'REFERENCING OLD TABLE AS old_rows NEW TABLE AS changed_rows '
-                   'FOR EACH STATEMENT EXECUTE FUNCTION webhooks.capture(%s)',
-                   attach.table_name, v_args);
-    EXECUTE format('CREATE TRIGGER webhooks_3_delete AFTER DELETE ON %s '
-                   'REFERENCING OLD TABLE AS changed_rows '
-                   'FOR EACH STATEMENT EXECUTE FUNCTION webhooks.capture(%s)',
-                   attach.table_name, v_args);
+    PERFORM webhooks.install_capture(attach.table_name);
 END
 $$;
 
 COMMENT ON FUNCTION webhooks.attach(regclass, text, text, text, text, text, text, text, text[],
-                                    boolean, boolean) IS
+                                    boolean, boolean, text[]) IS
     'Captures INSERT, UPDATE and DELETE of the table as <noun>.create/.update/.delete events '
     'and registers them under parent_resource, else resource. Idempotent.';
+
+
+-- Keeping attachments true to their tables. ALTER TABLE of an attached table rewrites its
+-- capture function (new columns are sent, unless `columns` limits them) and refuses to
+-- rename or drop a column the attachment names; DROP TABLE detaches.
+CREATE OR REPLACE FUNCTION webhooks.on_alter_table() RETURNS event_trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_table regclass;
+BEGIN
+    FOR v_table IN
+        SELECT DISTINCT a.table_oid
+          FROM pg_event_trigger_ddl_commands() c
+          JOIN webhooks.attachments a ON a.table_oid = c.objid
+         WHERE c.classid = 'pg_class'::regclass
+    LOOP
+        PERFORM webhooks.install_capture(v_table);
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION webhooks.on_drop() RETURNS event_trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    FOR v_id IN
+        DELETE FROM webhooks.attachments a
+         USING pg_event_trigger_dropped_objects() d
+         WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0
+           AND d.objid = a.table_oid::oid
+        RETURNING a.id
+    LOOP
+        EXECUTE format('DROP FUNCTION IF EXISTS webhooks.%I()', 'capture_' || v_id);
+    END LOOP;
+END
+$$;
+
+-- Event triggers need a superuser. Without them (a migration role that is not one), a
+-- renamed or dropped column of an attached table makes its writes fail until
+-- webhooks.attach is run again, and a dropped table leaves its attachment behind.
+DO $$
+BEGIN
+    IF NOT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+        RAISE WARNING 'webhooks: not a superuser, so no event triggers: after renaming or '
+                      'dropping a column of an attached table, run webhooks.attach again';
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger
+                    WHERE evtname = 'webhooks_alter_table') THEN
+        CREATE EVENT TRIGGER webhooks_alter_table ON ddl_command_end
+            WHEN TAG IN ('ALTER TABLE') EXECUTE FUNCTION webhooks.on_alter_table();
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger
+                    WHERE evtname = 'webhooks_drop') THEN
+        CREATE EVENT TRIGGER webhooks_drop ON sql_drop
+            WHEN TAG IN ('DROP TABLE', 'DROP SCHEMA', 'DROP OWNED')
+            EXECUTE FUNCTION webhooks.on_drop();
+    END IF;
+END
+$$;
+
+
+-- The registry of what active subscriptions want (webhooks.subscription_events), kept
+-- exact by every write to webhooks.subscriptions, whoever makes it (API, CLI or SQL).
+CREATE OR REPLACE FUNCTION webhooks.subscription_activated() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    NEW.active_since := pg_current_snapshot();
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION webhooks.subscription_registry() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        DELETE FROM webhooks.subscription_events e WHERE e.subscription_id = OLD.id;
+    END IF;
+    IF NEW.active THEN
+        INSERT INTO webhooks.subscription_events (subscription_id, event, resource, tenant,
+                                                  active_since)
+        SELECT NEW.id, e.event, NEW.resource, NEW.tenant, NEW.active_since
+          FROM (SELECT DISTINCT x AS event FROM unnest(NEW.events) AS x) e;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS subscriptions_1_activated ON webhooks.subscriptions;
+CREATE TRIGGER subscriptions_1_activated BEFORE UPDATE ON webhooks.subscriptions
+    FOR EACH ROW WHEN (NEW.active AND NOT OLD.active)
+    EXECUTE FUNCTION webhooks.subscription_activated();
+DROP TRIGGER IF EXISTS subscriptions_2_registry_insert ON webhooks.subscriptions;
+CREATE TRIGGER subscriptions_2_registry_insert AFTER INSERT ON webhooks.subscriptions
+    FOR EACH ROW EXECUTE FUNCTION webhooks.subscription_registry();
+DROP TRIGGER IF EXISTS subscriptions_3_registry_update ON webhooks.subscriptions;
+CREATE TRIGGER subscriptions_3_registry_update AFTER UPDATE ON webhooks.subscriptions
+    FOR EACH ROW WHEN (OLD.active IS DISTINCT FROM NEW.active
+                       OR OLD.events IS DISTINCT FROM NEW.events
+                       OR OLD.resource IS DISTINCT FROM NEW.resource
+                       OR OLD.tenant IS DISTINCT FROM NEW.tenant
+                       OR OLD.active_since::text IS DISTINCT FROM NEW.active_since::text)
+    EXECUTE FUNCTION webhooks.subscription_registry();
+
+
+-- Makes a subscription that was just made active exact: waits (up to `timeout`) until
+-- every transaction whose capture probe may have run before the subscription could be
+-- seen has ended, then moves its start to now. Changes of those transactions count as
+-- before the subscription; every later change is captured for it. The API calls this
+-- after creating or re-activating a subscription; true when no such writer was left.
+CREATE OR REPLACE FUNCTION webhooks.settle_subscription(subscription_id bigint,
+                                                        timeout interval DEFAULT '5s')
+RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_resource text;
+    v_waiting text[];
+    v_deadline timestamptz := clock_timestamp() + settle_subscription.timeout;
+BEGIN
+    SELECT s.resource INTO v_resource FROM webhooks.subscriptions s
+     WHERE s.id = settle_subscription.subscription_id AND s.active;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    LOOP
+        SELECT array_agg(l.virtualtransaction) INTO v_waiting
+          FROM pg_locks l
+         WHERE l.locktype = 'advisory' AND l.granted AND l.pid <> pg_backend_pid()
+           AND l.database = (SELECT d.oid FROM pg_database d
+                              WHERE d.datname = current_database())
+           AND l.classid = webhooks.probe_lock_class()::oid
+           AND l.objid = hashtext(v_resource)::oid AND l.objsubid = 2
+           AND (v_waiting IS NULL OR l.virtualtransaction = ANY (v_waiting));
+        EXIT WHEN v_waiting IS NULL OR clock_timestamp() >= v_deadline;
+        PERFORM pg_sleep(0.005);
+    END LOOP;
+    UPDATE webhooks.subscriptions s SET active_since = pg_current_snapshot()
+     WHERE s.id = settle_subscription.subscription_id AND s.active;
+    RETURN v_waiting IS NULL;
+END
+$$;
+
+
+-- No function of the schema is anyone's to call but its owner's and the roles it grants.
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA webhooks FROM PUBLIC;
+ALTER DEFAULT PRIVILEGES IN SCHEMA webhooks REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
