@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,8 +28,28 @@ from service.ssrf import TargetRejected
 
 log = logging.getLogger("webhooks.delivery")
 
-# How much of a response body is read, and kept as last_failure_content.
+# How much of a response body is read, and kept as last_failure_content; also the longest
+# error text recorded, in characters.
 BODY_LIMIT = 1024
+
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def pg_text(value: str | bytes | None, limit: int = BODY_LIMIT) -> str | None:
+    """Text that Postgres stores whatever a target sent: the one sanitizer of recorded text.
+
+    Bytes are read as UTF-8 and anything invalid becomes U+FFFD, as do NUL (text and jsonb
+    refuse it) and lone surrogates (which an HTTP library may use for undecodable header
+    bytes); the result is cut to `limit` characters.
+    """
+    if value is None:
+        return None
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+    if len(text) > limit:
+        text = text[:limit]
+    if "\x00" in text:
+        text = text.replace("\x00", "\ufffd")
+    return _SURROGATES.sub("\ufffd", text)
 
 
 @dataclass(frozen=True)
@@ -109,7 +130,7 @@ async def send(session: aiohttp.ClientSession, c: Claim, secret: str, settings: 
     Returns the attempt's outcome: what the delivery becomes and when it is retried.
     """
     body = c.body.encode()
-    now = time.time()
+    now = time.time()  # anything raised before the try is a crash: the worker records it
     headers = signed_headers(secret, message_id(c.id), int(now), body)
     attempted_at = datetime.fromtimestamp(now, UTC)
     started = time.perf_counter()
@@ -127,6 +148,8 @@ async def send(session: aiohttp.ClientSession, c: Claim, secret: str, settings: 
                 # Read a little even on success, so the connection can be reused.
                 text = await response.content.read(BODY_LIMIT)
                 if not 200 <= status < 300:
+                    # Raw bytes, as sent: never decompressed (none are asked for, and the
+                    # session does not inflate), made storable by record().
                     error = text.decode("utf-8", errors="replace")
     except TimeoutError:
         status, error = 0, f"timed out after {settings.delivery_timeout:g}s"
@@ -139,6 +162,15 @@ async def send(session: aiohttp.ClientSession, c: Claim, secret: str, settings: 
         error = redact(error)
     return decide(c, settings, status=status, retry_after=retry_after,
                   attempted_at=attempted_at, duration_ms=duration_ms, error=error)
+
+
+def crashed(c: Claim, settings: Settings, exc: BaseException, attempted_at: datetime,
+            duration_ms: float = 0.0) -> Outcome:
+    """The outcome of an attempt that raised something unexpected: a failed attempt with no
+    response (status 0), retried on the schedule like any other failure."""
+    error = redact(f"attempt failed unexpectedly: {type(exc).__name__}: {exc}")
+    return decide(c, settings, status=0, retry_after=None, attempted_at=attempted_at,
+                  duration_ms=duration_ms, error=error)
 
 
 def decide(c: Claim, settings: Settings, *, status: int, retry_after: str | None,
@@ -161,10 +193,14 @@ def decide(c: Claim, settings: Settings, *, status: int, retry_after: str | None
 
 
 async def record(pool: AsyncConnectionPool, outcomes: Sequence[Outcome]) -> None:
-    """Writes a batch of outcomes in one transaction: deliveries, attempts, subscriptions."""
+    """Writes a batch of outcomes in one transaction: deliveries, attempts, subscriptions.
+
+    Error texts (a target's bytes, library messages) pass pg_text() here, the one place
+    where text bound for Postgres is made storable.
+    """
     params = {"batch": json.dumps([
         [o.claim.id, o.claim.attempts, o.claim.subscription_id, o.status, o.outcome,
-         o.retry_in, o.attempted_at.timestamp(), o.duration_ms, o.error]
+         o.retry_in, o.attempted_at.timestamp(), o.duration_ms, pg_text(o.error)]
         for o in outcomes])}
     gone = sorted({o.claim.subscription_id for o in outcomes if o.status == 410})
     async with pool.connection() as conn, conn.transaction():
@@ -182,19 +218,39 @@ async def release(pool: AsyncConnectionPool, claims: Sequence[Claim]) -> None:
                                               "attempts": [c.attempts for c in claims]})
 
 
+def unreachable(exc: BaseException) -> bool:
+    """Whether a failed write says the database is unreachable or busy (worth retrying the
+    same statement later), not that this statement's data is refused."""
+    if isinstance(exc, OSError):
+        return True
+    if not isinstance(exc, psycopg.Error):
+        return False
+    state = exc.sqlstate
+    if state is None:
+        # Client-side errors (a NUL in a parameter, say) are about the data.
+        return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
+    # Connection, resources, shutdown, serialization and deadlock, system errors.
+    return state.startswith(("08", "53", "57P", "40", "58"))
+
+
 class Recorder:
     """Collects finished attempts and writes them in batches, one batch at a time.
 
     While a batch is being written the next one accumulates, so under load each statement
-    records many attempts, and when idle each is recorded at once.
+    records many attempts, and when idle each is recorded at once. A batch the database
+    refuses (not a lost connection: bad data) is split in halves until the outcomes that
+    can be written are; a single outcome that is still refused is logged and dropped (its
+    delivery comes due again when its lease expires), so no outcome can wedge the others.
     """
 
     def __init__(self, pool: AsyncConnectionPool) -> None:
         self._pool = pool
         self._pending: list[Outcome] = []
+        self._writing: list[Outcome] = []  # taken for the write under way
         self._ready = asyncio.Event()
         self._closing = False
         self.recorded = 0
+        self.dropped = 0
 
     def add(self, outcome: Outcome) -> None:
         """Queues one outcome for the next batch."""
@@ -204,10 +260,18 @@ class Recorder:
     @property
     def backlog(self) -> int:
         """Outcomes not yet written."""
-        return len(self._pending)
+        return len(self._pending) + len(self._writing)
 
     async def run(self) -> None:
-        """Writes batches until close(); a failed write is retried, never dropped."""
+        """Writes batches until close(). While the database is unreachable the same outcomes
+        are retried with backoff; refused ones are split and, alone, dropped.
+
+        Safe to call again after it raised (a supervisor restarting it): a batch that was
+        being written is queued again first.
+        """
+        if self._writing:
+            self._pending[:0] = self._writing
+            self._writing = []
         backoff = 0.05
         while True:
             if not self._pending:
@@ -216,20 +280,45 @@ class Recorder:
                 self._ready.clear()
                 await self._ready.wait()
                 continue
-            batch, self._pending = self._pending, []
-            try:
-                await record(self._pool, batch)
-            except (psycopg.Error, OSError) as exc:
-                # Unrecorded attempts are retried by lease expiry at worst; keep trying.
-                log.warning("recording %d attempts failed, will retry: %s", len(batch), exc)
-                self._pending[:0] = batch
-                if self._closing and backoff > 2.0:
-                    return
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-            else:
-                self.recorded += len(batch)
+            self._writing, self._pending = self._pending, []
+            left = await self._write(self._writing)
+            self._writing = []
+            if not left:
                 backoff = 0.05
+                continue
+            # Unrecorded attempts are retried by lease expiry at worst; keep trying.
+            self._pending[:0] = left
+            if self._closing and backoff > 2.0:
+                return
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    async def _write(self, batch: list[Outcome]) -> list[Outcome]:
+        """Writes `batch`, halving refused parts; returns what is left unwritten because the
+        database could not be reached (empty when everything was written or dropped)."""
+        chunks = [batch]  # a stack: the first half of a split is written first
+        while chunks:
+            chunk = chunks.pop()
+            try:
+                await record(self._pool, chunk)
+            except Exception as exc:
+                if unreachable(exc):
+                    log.warning("recording %d attempts failed, will retry: %s",
+                                sum(map(len, chunks)) + len(chunk), exc)
+                    return chunk + [o for rest in reversed(chunks) for o in rest]
+                if len(chunk) > 1:
+                    half = len(chunk) // 2
+                    chunks += [chunk[half:], chunk[:half]]
+                    continue
+                (o,) = chunk
+                self.dropped += 1
+                log.error("the attempt of delivery %d cannot be recorded and is dropped; its "
+                          "lease brings the delivery back: %s", o.claim.id, redact(str(exc)),
+                          extra={"delivery_id": o.claim.id,
+                                 "subscription_id": o.claim.subscription_id})
+            else:
+                self.recorded += len(chunk)
+        return []
 
     def close(self) -> None:
         """Asks run() to return once everything queued is written."""

@@ -12,20 +12,31 @@ JITTER = 0.1
 RETRY_AFTER_STATUSES = frozenset({429, 503})
 
 
+# A Retry-After longer than this is not a value any server means; it is ignored.
+MAX_RETRY_AFTER_CHARS = 64
+
+
 def parse_retry_after(value: str | None, now: float) -> float | None:
-    """Seconds to wait asked by a Retry-After header (delay-seconds or HTTP-date), or None."""
+    """Seconds to wait asked by a Retry-After header (delay-seconds or HTTP-date), or None.
+
+    A target controls this text: anything that is not a well-formed value (other digits
+    than ASCII ones, a negative number, a date out of range, bytes that are not text) is
+    None, and the retry schedule applies. It never raises.
+    """
     if value is None:
         return None
     text = value.strip()
+    if not text or len(text) > MAX_RETRY_AFTER_CHARS or not text.isascii():
+        return None
     if text.isdigit():
         return float(text)
     try:
         when = parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
+        if when is None or when.tzinfo is None:
+            return None
+        return max(0.0, when.timestamp() - now)
+    except (TypeError, ValueError, IndexError, OverflowError, OSError):
         return None
-    if when is None or when.tzinfo is None:
-        return None
-    return max(0.0, when.timestamp() - now)
 
 
 def scheduled_delay(schedule: tuple[float, ...], attempts: int,

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import random
 import signal
+import traceback
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -279,16 +280,26 @@ class Worker:
         return secret
 
     async def _deliver(self, c: Claim) -> None:
+        """Sends one claimed delivery and hands its outcome to the recorder.
+
+        Whatever happens the slot is freed (finally). An attempt that raises something
+        unexpected is recorded as a failed attempt (status 0) and retried on the schedule;
+        only shutdown's cancellation leaves the claim in flight, for _drain to release.
+        """
+        attempted_at = datetime.now(UTC)
+        started = asyncio.get_running_loop().time()
         try:
             try:
-                secret = self._open_secret(c.secret)
-            except SecretsError as exc:
-                # Never send unsigned: fail the attempt; a fixed key lets a retry through.
-                outcome = delivery.decide(c, self.settings, status=0, retry_after=None,
-                                          attempted_at=datetime.now(UTC), duration_ms=0.0,
-                                          error=str(exc))
-            else:
-                outcome = await delivery.send(self._session, c, secret, self.settings)
+                outcome = await self._attempt(c)
+            except Exception as exc:
+                log.error("delivery %d: the attempt failed unexpectedly; recorded as a "
+                          "failed attempt\n%s", c.id, traceback.format_exc(),
+                          exc_info=exc, extra={"delivery_id": c.id,
+                                               "subscription_id": c.subscription_id})
+                duration_ms = (asyncio.get_running_loop().time() - started) * 1000.0
+                outcome = delivery.crashed(c, self.settings, exc, attempted_at, duration_ms)
+            # Handed over in one step (no await between): the recorder owns it now.
+            self._inflight.pop(c.id, None)
             self._recorder.add(outcome)
             self.metrics.observe(outcome.outcome, outcome.duration_ms)
             # A target that did not answer, or answered 5xx/429, gets one attempt in flight
@@ -297,7 +308,6 @@ class Worker:
                 self._degraded.discard(c.subscription_id)
             elif outcome.status == 0 or outcome.status == 429 or outcome.status >= 500:
                 self._degraded.add(c.subscription_id)
-            del self._inflight[c.id]
             if outcome.outcome == "succeeded":
                 self.stats.succeeded += 1
             elif outcome.outcome == "pending":
@@ -305,6 +315,8 @@ class Worker:
             else:
                 self.stats.failed += 1
         except Exception:
+            # Not even a failed outcome could be made: the lease brings the delivery back.
+            self._inflight.pop(c.id, None)
             log.exception("delivery %d crashed; its lease will bring it back", c.id)
         finally:
             n = self._per_sub.get(c.subscription_id, 1) - 1
@@ -313,6 +325,16 @@ class Worker:
             else:
                 self._per_sub.pop(c.subscription_id, None)
             self._wake.set()
+
+    async def _attempt(self, c: Claim) -> delivery.Outcome:
+        try:
+            secret = self._open_secret(c.secret)
+        except SecretsError as exc:
+            # Never send unsigned: fail the attempt; a fixed key lets a retry through.
+            return delivery.decide(c, self.settings, status=0, retry_after=None,
+                                   attempted_at=datetime.now(UTC), duration_ms=0.0,
+                                   error=str(exc))
+        return await delivery.send(self._session, c, secret, self.settings)
 
     async def _drain(self, recorder: asyncio.Task[None]) -> None:
         if self._tasks:

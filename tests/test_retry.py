@@ -7,6 +7,8 @@ from datetime import UTC, datetime
 from email.utils import format_datetime
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from service.retry import JITTER, next_delay, parse_retry_after, scheduled_delay
 
@@ -63,3 +65,31 @@ def test_retry_after_wins_only_when_later_on_429_and_503() -> None:
 def test_retry_after_is_capped() -> None:
     assert next_delay(SCHEDULE, 1, status=429, retry_after="999999", cap=600, now=NOW,
                       rand=random.Random(0)) == 600.0
+
+
+MALFORMED_RETRY_AFTER = [
+    "\u00b2", "1\u00b3", "\u2460", "\u0661\u0662", "\uff11\uff12",  # digits, not ASCII ones
+    "Fri, 31 Dec 99999999999999999999 23:59:59 GMT",  # a year past any C long
+    "Sat, 01 Jan 100000000000000000000000 00:00:00 +0000",
+    "Fri, 31 Dec 99999 23:59:59 GMT", "Wed, 21 Oct 2015 07:28:00 +9999",
+    "Fri, 31 Dec 9999 23:59:59 -9999", "-1", "+5", "0x10", "1_000", "nan", "inf",
+    "9" * 5000, "\udcb2", "\x00", "1\x00", "garbage \u2603", " \t ",
+]
+
+
+@pytest.mark.parametrize("value", MALFORMED_RETRY_AFTER)
+def test_malformed_retry_after_is_ignored(value: str) -> None:
+    assert parse_retry_after(value, NOW) is None
+    for status in (429, 503):
+        delay = next_delay(SCHEDULE, 1, status=status, retry_after=value, cap=3600, now=NOW,
+                           rand=random.Random(0))
+        assert delay is not None and delay <= 5 * (1 + JITTER)
+
+
+@given(st.text(max_size=80))
+@settings(max_examples=500)
+def test_retry_after_never_raises(value: str) -> None:
+    asked = parse_retry_after(value, NOW)
+    assert asked is None or asked >= 0.0
+    delay = next_delay(SCHEDULE, 1, status=429, retry_after=value, cap=3600, now=NOW)
+    assert delay is not None and 0.0 <= delay <= 3600
