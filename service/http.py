@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from http.cookiejar import Cookie, CookieJar
 
 import aiohttp
 import httpx
@@ -21,6 +22,20 @@ from service import __version__
 from service.ssrf import GuardedResolver, TargetRejected, check_address
 
 USER_AGENT = f"pg-webhooks/{__version__}"
+# Answers are never decompressed, so none are asked for compressed: a compressed error
+# page would only be stored as bytes, and a small compressed body can inflate hugely.
+HEADERS = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
+
+
+class NoCookies(CookieJar):
+    """A cookie jar that never keeps a cookie: one target (or owner) cannot set state that
+    the service would send to it, or to another, later."""
+
+    def set_cookie(self, cookie: Cookie) -> None:
+        return None
+
+    def extract_cookies(self, response: object, request: object) -> None:
+        return None
 
 
 def check_literal(host: str | None, allow_private: bool) -> None:
@@ -39,7 +54,8 @@ def check_literal(host: str | None, allow_private: bool) -> None:
 
 def make_session(*, allow_private: bool, max_connections: int = 100, per_host: int = 0
                  ) -> aiohttp.ClientSession:
-    """An aiohttp session: guarded resolution, no cookies kept, no decompression.
+    """An aiohttp session: guarded resolution, no cookies kept, no compression asked for
+    and none undone.
 
     Create it inside the event loop that will use it, and close it with `close()`.
     """
@@ -50,8 +66,7 @@ def make_session(*, allow_private: bool, max_connections: int = 100, per_host: i
         ttl_dns_cache=10,
     )
     return aiohttp.ClientSession(connector=connector, auto_decompress=False, trust_env=False,
-                                 cookie_jar=aiohttp.DummyCookieJar(),
-                                 headers={"User-Agent": USER_AGENT})
+                                 cookie_jar=aiohttp.DummyCookieJar(), headers=HEADERS)
 
 
 class GuardedTransport(httpx.AsyncBaseTransport):
@@ -111,7 +126,9 @@ def _remap(exc: httpx.ConnectTimeout, request: httpx.Request) -> httpx.Transport
 
 def make_client(*, allow_private: bool, timeout: float, max_connections: int = 100,
                 per_host: int = 0) -> httpx.AsyncClient:
-    """An httpx client that never follows redirects and only connects to allowed addresses.
+    """An httpx client that never follows redirects, only connects to allowed addresses,
+    keeps no cookies (one handshake never carries what another target or owner set) and
+    asks for no compression.
 
     Create it inside the event loop that will use it, and close it with `aclose()`.
     """
@@ -123,7 +140,8 @@ def make_client(*, allow_private: bool, timeout: float, max_connections: int = 1
         transport=transport,
         timeout=httpx.Timeout(timeout),
         follow_redirects=False,
-        headers={"User-Agent": USER_AGENT},
+        headers=HEADERS,
+        cookies=NoCookies(),
         trust_env=False,
     )
 

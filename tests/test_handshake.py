@@ -159,3 +159,29 @@ async def test_guard_refuses_at_connect_time() -> None:
             assert "loopback" in message, message
     finally:
         await guarded.aclose()
+
+
+async def test_no_cookie_is_kept_between_handshakes(receiver: Receiver,
+                                                    client: httpx.AsyncClient) -> None:
+    async def set_cookie(req: Received) -> web.StreamResponse:
+        response = await echo_secret(req)
+        response.headers.add("Set-Cookie", "session=owner-a; Path=/")
+        response.headers.add("Set-Cookie", "tracking=1; Domain=127.0.0.1; Path=/; Max-Age=3600")
+        return response
+
+    receiver.behaviour = set_cookie
+    await verify(client, receiver.url, new_secret(), 0.5)
+    # Another owner's handshake, to the same target, through the same client.
+    await verify(client, receiver.url.replace("/hook", "/other"), new_secret(), 0.5)
+    await verify(client, receiver.url, new_secret(), 0.5)
+    assert len(receiver.received) == 3
+    for request in receiver.received:
+        assert "cookie" not in {k.lower() for k in request.headers}, request.headers
+    assert not client.cookies
+
+
+async def test_handshake_asks_for_no_compression(receiver: Receiver,
+                                                 client: httpx.AsyncClient) -> None:
+    await verify(client, receiver.url, new_secret(), 0.5)
+    headers = {k.lower(): v for k, v in receiver.received[-1].headers.items()}
+    assert headers.get("accept-encoding") == "identity"
