@@ -346,11 +346,14 @@ $$;
 -- Why a JSON value cannot become JSONB, or NULL when it can.
 CREATE OR REPLACE FUNCTION webhooks.jsonb_problem(value json) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_detail text;
 BEGIN
     PERFORM value::jsonb;
     RETURN NULL;
 EXCEPTION WHEN OTHERS THEN
-    RETURN SQLERRM;
+    GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
+    RETURN SQLERRM || coalesce(': ' || nullif(v_detail, ''), '');
 END
 $$;
 
@@ -359,7 +362,8 @@ $$;
 -- (NULL when the table is attached with include_row false), its id, parent id, tenant and
 -- user_id (the transaction's webhooks.user_id unless empty, else the user column, else
 -- the role). With `careful`, a change whose JSON PostgreSQL cannot take as JSONB (a
--- \u0000 in a json column, say) comes with the reason in `problem` and no values, instead
+-- \u0000 in a json column, say) comes with the reason in `problem` and no values (even
+-- json's -> parses, and fails on, the whole element), instead
 -- of failing the statement, and `raw` holds it as captured; fan-out sets it aside.
 CREATE OR REPLACE FUNCTION webhooks.changes(o webhooks.outbox, careful boolean DEFAULT false)
 RETURNS TABLE (n bigint, resource_id jsonb, parent_id jsonb, user_id text,
@@ -369,9 +373,10 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
            CASE WHEN p.problem IS NULL THEN (e.j -> 0)::jsonb END,
            CASE WHEN p.problem IS NULL AND o.parent_resource IS NOT NULL
                 THEN (e.j -> 1)::jsonb END,
-           coalesce(nullif(o.user_setting, ''), e.j ->> 3, o.role),
+           coalesce(nullif(o.user_setting, ''),
+                    CASE WHEN p.problem IS NULL THEN e.j ->> 3 END, o.role),
            o.tenant_scoped,
-           e.j ->> 2,
+           CASE WHEN p.problem IS NULL THEN e.j ->> 2 END,
            CASE WHEN p.problem IS NULL AND o.include_row THEN (e.j -> 4)::jsonb END,
            p.problem,
            CASE WHEN p.problem IS NOT NULL THEN e.j END

@@ -19,7 +19,11 @@ FANOUT_LOCK = 0x77686B66  # "whkf"
 # Errors of the data (SQLSTATE classes 22 and 54), not of the connection or the query: a
 # change PostgreSQL cannot turn into an event. They make fan-out retry carefully instead
 # of failing the same batch forever; any other error leaves the outbox as it is.
-DATA_ERRORS = (psycopg.errors.DataException, psycopg.errors.ProgramLimitExceeded)
+DATA_ERROR_CLASSES = ("22", "54")
+
+
+def _data_error(exc: psycopg.Error) -> bool:
+    return (exc.sqlstate or "")[:2] in DATA_ERROR_CLASSES
 
 
 @dataclass(frozen=True)
@@ -57,18 +61,16 @@ async def fan_out_batch(pool: AsyncConnectionPool, limit: int,
     events are set aside with their reason, and the others go on. If even that fails, the
     first statement of the outbox is set aside whole, so one row never stops the queue.
     """
-    try:
-        return await _fan_out(pool, limit, max_row_bytes, careful=False)
-    except DATA_ERRORS as exc:
-        log.warning("fan-out batch failed on its data, retrying change by change: %s", exc)
-    try:
-        return await _fan_out(pool, limit, max_row_bytes, careful=True)
-    except DATA_ERRORS as exc:
-        reason = f"{type(exc).__name__}: {exc}"
-    try:
-        return await _fan_out(pool, 1, max_row_bytes, careful=True)
-    except DATA_ERRORS as exc:
-        reason = f"{type(exc).__name__}: {exc}"
+    reason = ""
+    for size, careful in ((limit, False), (limit, True), (1, True)):
+        try:
+            return await _fan_out(pool, size, max_row_bytes, careful=careful)
+        except psycopg.Error as exc:
+            if not _data_error(exc):
+                raise
+            reason = f"{type(exc).__name__}: {exc}"
+            log.warning("fan-out of %d outbox row(s) failed on its data (%s)%s", size, reason,
+                        "" if careful else "; retrying change by change")
     async with pool.connection() as conn:
         cur = await conn.execute(query("fanout_reject_first"),
                                  {"lock_key": FANOUT_LOCK, "reason": reason[:4096]})

@@ -1,0 +1,156 @@
+"""The registry the capture probes (webhooks.subscription_events): exact under every kind
+of subscription write, an index lookup whatever the number of subscriptions, and the
+activation snapshot that keeps changes from before an activation away from it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from service.fanout import drain_outbox
+from tests.test_capture import subscribe
+from tests.test_worker_helpers import open_pool
+
+
+@pytest.fixture
+async def pool(db_url: str) -> AsyncIterator[AsyncConnectionPool]:
+    async with open_pool(db_url, max_size=4) as p:
+        yield p
+
+
+def registry(conn: psycopg.Connection) -> list[tuple[int, str, str, str | None]]:
+    return [tuple(r) for r in conn.execute(  # type: ignore[misc]
+        "SELECT subscription_id, event, resource, tenant FROM webhooks.subscription_events "
+        "ORDER BY subscription_id, event").fetchall()]
+
+
+def delivered_numbers(conn: psycopg.Connection, subscription_id: int) -> list[str]:
+    rows = conn.execute(
+        "SELECT e.body FROM webhooks.deliveries d JOIN webhooks.events e ON e.id = d.event_id"
+        " WHERE d.subscription_id = %s ORDER BY d.id", (subscription_id,)).fetchall()
+    return [json.loads(r[0])["resource"]["number"] for r in rows]
+
+
+def insert_invoice(conn: psycopg.Connection, number: str) -> None:
+    conn.execute("INSERT INTO invoices (number, customer, amount) VALUES (%s, 'c', 1)",
+                 (number,))
+
+
+def test_the_registry_follows_every_subscription_write(conn: psycopg.Connection) -> None:
+    a = subscribe(conn, "invoices", ["invoice.create", "invoice.create", "payment.update"],
+                  tenant="t1")
+    b = subscribe(conn, "invoices", ["invoice.delete"], active=False)
+    assert registry(conn) == [(a, "invoice.create", "invoices", "t1"),
+                              (a, "payment.update", "invoices", "t1")]
+    conn.execute("UPDATE webhooks.subscriptions SET events = '{invoice.update}' WHERE id = %s",
+                 (a,))
+    conn.execute("UPDATE webhooks.subscriptions SET active = true WHERE id = %s", (b,))
+    assert registry(conn) == [(a, "invoice.update", "invoices", "t1"),
+                              (b, "invoice.delete", "invoices", None)]
+    # The recorder's update of last_* fields leaves the registry alone; a 410 removes.
+    conn.execute("UPDATE webhooks.subscriptions SET last_status = 500, active = active")
+    conn.execute("UPDATE webhooks.subscriptions SET active = false WHERE id = %s", (a,))
+    conn.execute("DELETE FROM webhooks.subscriptions WHERE id = %s", (b,))
+    assert registry(conn) == []
+
+
+async def test_a_change_committed_while_paused_is_never_delivered(
+        conn: psycopg.Connection, pool: AsyncConnectionPool) -> None:
+    sub = subscribe(conn, "invoices", ["invoice.create"])
+    other = subscribe(conn, "invoices", ["invoice.create"])  # keeps the event captured
+    insert_invoice(conn, "before pause")
+    conn.execute("UPDATE webhooks.subscriptions SET active = false WHERE id = %s", (sub,))
+    insert_invoice(conn, "while paused")
+    conn.execute("UPDATE webhooks.subscriptions SET active = true WHERE id = %s", (sub,))
+    insert_invoice(conn, "after resume")
+    # No worker ran meanwhile: fan-out sees all three at once, after the resume.
+    await drain_outbox(pool, 100)
+    assert delivered_numbers(conn, sub) == ["after resume"]
+    assert delivered_numbers(conn, other) == ["before pause", "while paused", "after resume"]
+
+
+async def test_a_change_committed_before_a_subscription_existed_is_not_delivered(
+        conn: psycopg.Connection, pool: AsyncConnectionPool) -> None:
+    subscribe(conn, "invoices", ["invoice.create"])
+    insert_invoice(conn, "old")
+    late = subscribe(conn, "invoices", ["invoice.create"])
+    insert_invoice(conn, "new")
+    await drain_outbox(pool, 100)
+    assert delivered_numbers(conn, late) == ["new"]
+
+
+async def test_settling_waits_for_writers_that_probed_before_the_subscription(
+        db_url: str, conn: psycopg.Connection, pool: AsyncConnectionPool) -> None:
+    with psycopg.connect(db_url) as writer:
+        # Nobody subscribes yet: this writer's probe skips, and its transaction stays open.
+        insert_invoice(writer, "probed before")
+        sub = subscribe(conn, "invoices", ["invoice.create"])
+        settled = conn.execute("SELECT webhooks.settle_subscription(%s, '50ms')",
+                               (sub,)).fetchone()
+        assert settled == (False,)  # the writer is still open: the caller is told
+        insert_invoice(writer, "probed before, second statement")
+        writer.commit()
+    assert conn.execute("SELECT webhooks.settle_subscription(%s, '5s')",
+                        (sub,)).fetchone() == (True,)
+    insert_invoice(conn, "after")
+    await drain_outbox(pool, 100)
+    # The writer committed before the subscription was settled: its changes count as
+    # before the subscription, consistently (none was captured, none is owed).
+    assert delivered_numbers(conn, sub) == ["after"]
+
+
+async def test_a_transaction_older_than_the_subscription_is_captured_when_it_writes_after(
+        db_url: str, conn: psycopg.Connection, pool: AsyncConnectionPool) -> None:
+    with psycopg.connect(db_url) as writer:
+        writer.execute("SELECT 1")  # the transaction is open before the subscription
+        sub = subscribe(conn, "invoices", ["invoice.create"])
+        assert conn.execute("SELECT webhooks.settle_subscription(%s)",
+                            (sub,)).fetchone() == (True,)
+        insert_invoice(writer, "written after")
+        writer.commit()
+    await drain_outbox(pool, 100)
+    assert delivered_numbers(conn, sub) == ["written after"]
+
+
+def test_the_probe_is_an_index_lookup_whatever_the_number_of_subscriptions(
+        conn: psycopg.Connection) -> None:
+    conn.execute(
+        "INSERT INTO webhooks.subscriptions (owner, tenant, resource, events, target, secret) "
+        "SELECT 'o' || i, 't' || i, 'invoices', '{invoice.create}', 'http://x/', 's' "
+        "FROM generate_series(1, 20000) AS i")
+    conn.execute("ANALYZE webhooks.subscription_events")
+    plan = "\n".join(r[0] for r in conn.execute(
+        "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) SELECT 1 FROM webhooks.subscription_events s "
+        "WHERE s.resource = 'invoices' AND s.event = 'invoice.update'").fetchall())
+    assert "subscription_events_match_idx" in plan, plan
+    assert "Rows Removed by Filter" not in plan, plan
+    # A statement on the table whose event nobody wants writes nothing.
+    conn.execute("INSERT INTO invoices (id, number, customer, amount) VALUES (1, 'a', 'b', 1)")
+    conn.execute("TRUNCATE webhooks.outbox")
+    conn.execute("UPDATE invoices SET amount = 2 WHERE id = 1")
+    assert conn.execute("SELECT count(*) FROM webhooks.outbox").fetchone() == (0,)
+
+
+async def test_fan_out_matches_tenants_through_the_index(
+        conn: psycopg.Connection, pool: AsyncConnectionPool) -> None:
+    conn.execute(
+        "INSERT INTO webhooks.subscriptions (owner, tenant, resource, events, target, secret) "
+        "SELECT 'o', 't' || i, 'invoices', '{invoice.create}', 'http://x/', 's' "
+        "FROM generate_series(1, 2000) AS i")
+    mine = subscribe(conn, "invoices", ["invoice.create"], tenant="acme")
+    everyone = subscribe(conn, "invoices", ["invoice.create"])
+    insert_invoice(conn, "acme's")
+    await drain_outbox(pool, 100)
+    assert delivered_numbers(conn, mine) == ["acme's"]
+    assert delivered_numbers(conn, everyone) == ["acme's"]
+    assert conn.execute("SELECT count(*) FROM webhooks.deliveries").fetchone() == (2,)
+    conn.execute("ANALYZE webhooks.subscription_events")
+    plan = "\n".join(r[0] for r in conn.execute(
+        "EXPLAIN (COSTS OFF) SELECT se.subscription_id FROM webhooks.subscription_events se "
+        "WHERE se.resource = 'invoices' AND se.event = 'invoice.create' "
+        "AND se.tenant = 'acme'").fetchall())
+    assert "subscription_events_match_idx" in plan, plan
