@@ -59,7 +59,8 @@ def test_a_cast_of_the_table_owner_never_runs_with_the_services_rights(
     # The owner of an attached table gives a column a type of its own with a cast to json
     # whose function tries to read every subscription secret.
     conn.execute("INSERT INTO webhooks.subscriptions (owner, resource, events, target, secret)"
-                 " VALUES ('victim', 'invoices', '{invoice.create}', 'http://x/', 'whsec_TOPSECRET')")
+                 " VALUES ('victim', 'invoices', '{invoice.create}', 'http://x/',"
+                 " 'whsec_TOPSECRET')")
     as_role(conn, role, """
         CREATE TABLE mallory.loot (what text);
         CREATE TYPE mallory.mood AS ENUM ('ok', 'sad');
