@@ -66,6 +66,8 @@ class Settings:
     verify_timeout: float = 10.0
     concurrency: int = 64
     per_target_concurrency: int = 8
+    # Deliveries in flight per owner in one worker; None: half of the worker's concurrency.
+    per_owner_concurrency: int | None = None
     poll_interval: float = 5.0
     lease: float = 60.0
     batch_size: int = 100
@@ -125,6 +127,7 @@ class Settings:
         integers = {
             "WEBHOOKS_CONCURRENCY": "concurrency",
             "WEBHOOKS_PER_TARGET_CONCURRENCY": "per_target_concurrency",
+            "WEBHOOKS_PER_OWNER_CONCURRENCY": "per_owner_concurrency",
             "WEBHOOKS_BATCH_SIZE": "batch_size",
             "WEBHOOKS_POOL_SIZE": "pool_size",
             "WEBHOOKS_MAX_ROW_BYTES": "max_row_bytes",

@@ -59,6 +59,7 @@ class Claim:
     id: int
     attempts: int
     subscription_id: int
+    owner: str
     active: bool
     target: str
     secret: str = field(repr=False)  # as stored: maybe encrypted, never logged
@@ -86,25 +87,39 @@ def saturated(busy: Mapping[int, int], per_target: int, degraded: Collection[int
     return [sid for sid, n in busy.items() if n >= (1 if sid in degraded else per_target)]
 
 
+def saturated_owners(busy_owners: Mapping[str, int], per_owner: int | None) -> list[str]:
+    """The owners with `per_owner` deliveries in flight (none when there is no cap)."""
+    if per_owner is None:
+        return []
+    return [owner for owner, n in busy_owners.items() if n >= per_owner]
+
+
 async def claim(pool: AsyncConnectionPool, *, limit: int, per_target: int,
                 busy: Mapping[int, int], lease: float, scan: int,
-                degraded: Collection[int] = ()) -> list[Claim]:
+                degraded: Collection[int] = (), per_owner: int | None = None,
+                busy_owners: Mapping[str, int] | None = None) -> list[Claim]:
     """Claims up to `limit` due deliveries, committed before returning, in start order.
 
     `busy` maps subscription ids to deliveries this worker has in flight for them; none
     gets more than `per_target` in flight, and the `degraded` ones (whose last attempt
-    failed) no more than one. Deliveries of inactive subscriptions are closed as failed and
-    not returned.
+    failed) no more than one. `busy_owners` does the same per owner, capped at `per_owner`
+    (None: no cap). Deliveries of inactive subscriptions are closed as failed and not
+    returned.
     """
+    owners = busy_owners or {}
     params = {
         "limit": limit,
         "scan": max(scan, limit),
         "per_target": per_target,
+        "per_owner": per_owner if per_owner is not None else 2**31 - 1,
         "lease": lease,
         "busy_ids": list(busy),
         "busy_counts": list(busy.values()),
         "saturated": saturated(busy, per_target, degraded),
         "degraded": list(degraded),
+        "owner_names": list(owners),
+        "owner_counts": list(owners.values()),
+        "saturated_owners": saturated_owners(owners, per_owner),
     }
     async with pool.connection() as conn:
         cur = conn.cursor(row_factory=class_row(Claim))

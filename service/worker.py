@@ -68,6 +68,8 @@ class Worker:
                  session: aiohttp.ClientSession, *, concurrency: int) -> None:
         self.settings = settings
         self.concurrency = max(1, concurrency)
+        # One owner (all its subscriptions) never holds more of this worker's slots.
+        self.per_owner = settings.per_owner_concurrency or max(1, self.concurrency // 2)
         self._claim_min = max(1, min(settings.batch_size, self.concurrency // 4))
         self.stats = WorkerStats()
         self.metrics = WorkerMetrics()
@@ -79,6 +81,7 @@ class Worker:
         self._inflight: dict[int, tuple[Claim, float]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._per_sub: dict[int, int] = {}
+        self._per_owner: dict[str, int] = {}
         self._degraded: set[int] = set()  # subscriptions held to one attempt in flight
         self._recorder = Recorder(pool)
         self._box = SecretBox(settings.encryption_key)
@@ -180,15 +183,18 @@ class Worker:
         claims = await delivery.claim(
             self._pool, limit=min(free, self.settings.batch_size),
             per_target=self.settings.per_target_concurrency, busy=self._per_sub,
-            lease=self.settings.lease, scan=self.settings.batch_size, degraded=self._degraded)
+            lease=self.settings.lease, scan=self.settings.batch_size, degraded=self._degraded,
+            per_owner=self.per_owner, busy_owners=self._per_owner)
         for c in claims:
             self._start(c)
         if claims:
             return 0.0
         saturated = delivery.saturated(self._per_sub, self.settings.per_target_concurrency,
                                        self._degraded)
+        owners = delivery.saturated_owners(self._per_owner, self.per_owner)
         async with self._pool.connection() as conn:
-            cur = await conn.execute(query("next_due"), {"saturated": saturated})
+            cur = await conn.execute(query("next_due"), {"saturated": saturated,
+                                                         "saturated_owners": owners})
             row = await cur.fetchone()
         due = row[0] if row else None
         until_fanout = self._last_fanout + self._fanout_interval() - loop.time()
@@ -266,6 +272,7 @@ class Worker:
         self.stats.claimed += 1
         self._inflight[c.id] = (c, asyncio.get_running_loop().time())
         self._per_sub[c.subscription_id] = self._per_sub.get(c.subscription_id, 0) + 1
+        self._per_owner[c.owner] = self._per_owner.get(c.owner, 0) + 1
         task = asyncio.create_task(self._deliver(c))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -324,6 +331,11 @@ class Worker:
                 self._per_sub[c.subscription_id] = n
             else:
                 self._per_sub.pop(c.subscription_id, None)
+            n = self._per_owner.get(c.owner, 1) - 1
+            if n > 0:
+                self._per_owner[c.owner] = n
+            else:
+                self._per_owner.pop(c.owner, None)
             self._wake.set()
 
     async def _attempt(self, c: Claim) -> delivery.Outcome:

@@ -129,8 +129,9 @@ async def test_deleted_subscription_outcome_is_dropped(pool: AsyncConnectionPool
 
 def test_claim_uses_the_due_index(conn: psycopg.Connection) -> None:
     conn.execute("SET enable_seqscan = off")  # tiny tables: ask whether the index can serve
-    params = {"limit": 10, "scan": 100, "per_target": 8, "lease": 60.0, "busy_ids": [],
-              "busy_counts": [], "saturated": [], "degraded": []}
+    params = {"limit": 10, "scan": 100, "per_target": 8, "per_owner": 32, "lease": 60.0,
+              "busy_ids": [], "busy_counts": [], "saturated": [], "degraded": [],
+              "owner_names": ["a"], "owner_counts": [1], "saturated_owners": ["b"]}
     with conn.cursor() as cur:
         plan = cur.execute(b"EXPLAIN " + query("claim").encode(), params).fetchall()
     assert any("deliveries_due_idx" in line for (line,) in plan)

@@ -174,8 +174,9 @@ async def hanging_receiver() -> AsyncIterator[tuple[Receiver, asyncio.Event]]:
 async def test_hanging_target_does_not_delay_a_healthy_one(
         db_url: str, conn: psycopg.Connection, receiver: Receiver) -> None:
     async with hanging_receiver() as (hanging, release):
-        subscribe(conn, hanging.url)
-        subscribe(conn, receiver.url)
+        # Two owners: one owner's subscriptions share a cap too (tests/test_owner_caps.py).
+        subscribe(conn, hanging.url, owner="hanging")
+        subscribe(conn, receiver.url, owner="healthy")
         async with running_worker(db_url, concurrency=4, per_target_concurrency=2,
                                   delivery_timeout=10.0):
             started = time.monotonic()
@@ -207,10 +208,11 @@ async def test_healthy_subscription_gets_events_in_order(
 async def test_many_hanging_targets_hold_one_slot_each_once_they_time_out(
         db_url: str, conn: psycopg.Connection, receiver: Receiver) -> None:
     async with hanging_receiver() as (hanging, _):
-        # Four hanging subscriptions at a cap of 2 could fill all 8 slots.
-        for _ in range(4):
-            subscribe(conn, hanging.url)
-        subscribe(conn, receiver.url)
+        # Four hanging subscriptions (of four owners, each under its owner's cap of 4) at
+        # a cap of 2 could fill all 8 slots.
+        for n in range(4):
+            subscribe(conn, hanging.url, owner=f"hanging-{n}")
+        subscribe(conn, receiver.url, owner="healthy")
         async with running_worker(db_url, concurrency=8, per_target_concurrency=2,
                                   delivery_timeout=0.5, retry_schedule=(0.05,) * 20):
             for n in range(5):

@@ -5,32 +5,46 @@
 -- Claims up to %(limit)s due deliveries, oldest first, at most %(per_target)s minus what
 -- this worker already has in flight per subscription (1 for the %(degraded)s ones, whose
 -- last attempt failed: a hanging or failing target then holds one slot, not its full
--- share); subscriptions already at their cap are skipped in the scan, so one slow target
--- never blocks the queue of the others.
+-- share), and at most %(per_owner)s minus what it has in flight per owner (the owners'
+-- counts come as %(owner_names)s / %(owner_counts)s), so one owner's many subscriptions
+-- cannot fill the worker either. Subscriptions and owners already at their cap are
+-- skipped in the scan, so one slow target or owner never blocks the queue of the others.
 -- The claim pushes next_attempt_at to the lease expiry: if this worker dies, the delivery
 -- comes due again by itself. Deliveries of an inactive subscription are closed as failed
 -- instead of sent.
 WITH busy AS (
     SELECT sid, n FROM unnest(%(busy_ids)s::bigint[], %(busy_counts)s::int[]) AS b (sid, n)
+), busy_owners AS (
+    SELECT owner, n
+      FROM unnest(%(owner_names)s::text[], %(owner_counts)s::int[]) AS b (owner, n)
 ), candidates AS (
-    SELECT d.id, d.subscription_id, d.next_attempt_at
+    SELECT d.id, d.subscription_id, s.owner, d.next_attempt_at
       FROM webhooks.deliveries d
+      JOIN webhooks.subscriptions s ON s.id = d.subscription_id
      WHERE d.status = 'pending'
        AND d.next_attempt_at <= now()
        AND d.subscription_id <> ALL (%(saturated)s::bigint[])
+       AND s.owner <> ALL (%(saturated_owners)s::text[])
      ORDER BY d.next_attempt_at, d.id
      LIMIT %(scan)s
-       FOR UPDATE SKIP LOCKED
-), ranked AS (
-    SELECT c.id, c.subscription_id, c.next_attempt_at AS due,
+       FOR UPDATE OF d SKIP LOCKED
+), per_subscription AS (
+    SELECT c.id, c.subscription_id, c.owner, c.next_attempt_at AS due,
            row_number() OVER (PARTITION BY c.subscription_id
                               ORDER BY c.next_attempt_at, c.id) + coalesce(b.n, 0) AS slot
       FROM candidates c
       LEFT JOIN busy b ON b.sid = c.subscription_id
+), per_owner AS (
+    SELECT p.id, p.due,
+           row_number() OVER (PARTITION BY p.owner ORDER BY p.due, p.id)
+               + coalesce(o.n, 0) AS slot
+      FROM per_subscription p
+      LEFT JOIN busy_owners o ON o.owner = p.owner
+     WHERE p.slot <= CASE WHEN p.subscription_id = ANY (%(degraded)s::bigint[]) THEN 1
+                          ELSE %(per_target)s END
 ), chosen AS (
-    SELECT id, due FROM ranked
-     WHERE slot <= CASE WHEN subscription_id = ANY (%(degraded)s::bigint[]) THEN 1
-                        ELSE %(per_target)s END
+    SELECT id, due FROM per_owner
+     WHERE slot <= %(per_owner)s
      ORDER BY due, id
      LIMIT %(limit)s
 )
@@ -45,16 +59,20 @@ UPDATE webhooks.deliveries d
  WHERE d.id = c.id
    AND s.id = d.subscription_id
    AND e.id = d.event_id
-RETURNING d.id, d.attempts, d.subscription_id, s.active, s.target, s.secret,
+RETURNING d.id, d.attempts, d.subscription_id, s.owner, s.active, s.target, s.secret,
           e.name AS event, e.body, c.due
 
 -- name: next_due --
--- Seconds until the earliest pending delivery of a subscription not at its cap comes due
--- (negative when one is due now), or NULL when none is pending.
+-- Seconds until the earliest pending delivery of a subscription and owner not at their
+-- caps comes due (negative when one is due now), or NULL when none is pending.
 SELECT extract(epoch FROM min(d.next_attempt_at) - now())::float8 AS wait
   FROM webhooks.deliveries d
  WHERE d.status = 'pending'
    AND d.subscription_id <> ALL (%(saturated)s::bigint[])
+   AND (cardinality(%(saturated_owners)s::text[]) = 0
+        OR NOT EXISTS (SELECT 1 FROM webhooks.subscriptions s
+                        WHERE s.id = d.subscription_id
+                          AND s.owner = ANY (%(saturated_owners)s::text[])))
 
 -- name: record --
 -- Records a batch of finished attempts in one statement: the deliveries' new state, one

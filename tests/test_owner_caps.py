@@ -1,0 +1,94 @@
+"""In-flight caps per owner: one owner's many hanging subscriptions cannot fill a worker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+from aiohttp import web
+from psycopg_pool import AsyncConnectionPool
+
+from service.config import ConfigError, Settings
+from service.delivery import claim
+from service.fanout import drain_outbox
+from tests.receivers import Received, Receiver
+from tests.test_worker_helpers import add_invoice, open_pool, poll, running_worker, subscribe
+
+
+@pytest.fixture
+async def pool(db_url: str) -> AsyncIterator[AsyncConnectionPool]:
+    async with open_pool(db_url) as p:
+        yield p
+
+
+async def test_claims_hold_the_per_owner_cap(pool: AsyncConnectionPool,
+                                             conn: psycopg.Connection) -> None:
+    greedy = [subscribe(conn, f"http://g{n}.example/", events=["invoice.create"],
+                        owner="greedy")[0] for n in range(6)]
+    other = subscribe(conn, "http://o.example/", events=["invoice.create"], owner="other")[0]
+    conn.execute("INSERT INTO invoices (number, customer, amount)"
+                 " SELECT 'C' || g, 'c', 1 FROM generate_series(1, 5) g")
+    await drain_outbox(pool, 1000)
+    got = await claim(pool, limit=100, per_target=2, busy={}, lease=60.0, scan=100,
+                      per_owner=4)
+    by_owner: dict[str, int] = {}
+    for c in got:
+        by_owner[c.owner] = by_owner.get(c.owner, 0) + 1
+    assert by_owner == {"greedy": 4, "other": 2}
+    assert all(c.subscription_id in greedy for c in got if c.owner == "greedy")
+    # What the owner already has in flight counts; a saturated owner is skipped in the scan,
+    # so the others' work behind its queue is still found.
+    more = await claim(pool, limit=100, per_target=2, busy={other: 2}, lease=60.0, scan=5,
+                       per_owner=4, busy_owners={"greedy": 4, "other": 2})
+    assert more == []
+    more = await claim(pool, limit=100, per_target=5, busy={other: 2}, lease=60.0, scan=5,
+                       per_owner=4, busy_owners={"greedy": 4, "other": 2})
+    assert [c.owner for c in more] == ["other", "other"]
+
+
+async def test_one_owners_hanging_subscriptions_leave_room_for_others(
+        db_url: str, conn: psycopg.Connection) -> None:
+    release = asyncio.Event()
+
+    async def hang(req: Received) -> web.StreamResponse:
+        await release.wait()
+        return web.Response(status=200)
+
+    hanging = await Receiver(behaviour=hang).start()
+    healthy = await Receiver().start()
+    concurrency = 8
+    try:
+        for _ in range(12):
+            subscribe(conn, hanging.url, events=["invoice.create"], owner="greedy")
+        async with running_worker(db_url, concurrency=concurrency, per_target_concurrency=2,
+                                  delivery_timeout=30.0, lease=60.0):
+            for n in range(3):
+                add_invoice(conn, f"G{n}")
+            await hanging.wait_for(lambda r: len(r.received) >= concurrency // 2)
+            subscribe(conn, healthy.url, events=["invoice.create"], owner="other")
+            started = time.monotonic()
+            for n in range(5):
+                add_invoice(conn, f"O{n}")
+            await healthy.wait_for(lambda r: len(r.deliveries()) == 5, timeout=10)
+            elapsed = time.monotonic() - started
+            # The default cap is half the worker's slots.
+            assert len(hanging.received) == concurrency // 2
+            release.set()
+            await poll(lambda: len(hanging.received) == 12 * 8, timeout=20,
+                       what="the greedy owner's deliveries, once its targets answer")
+    finally:
+        release.set()
+        await hanging.stop()
+        await healthy.stop()
+    assert elapsed < 5  # far below the 30 s the hanging targets hold their slots
+
+
+def test_per_owner_setting() -> None:
+    assert Settings().per_owner_concurrency is None  # half of the worker's slots
+    settings = Settings.from_env({"WEBHOOKS_PER_OWNER_CONCURRENCY": "3"})
+    assert settings.per_owner_concurrency == 3
+    with pytest.raises(ConfigError, match="WEBHOOKS_PER_OWNER_CONCURRENCY"):
+        Settings.from_env({"WEBHOOKS_PER_OWNER_CONCURRENCY": "0"})
