@@ -22,13 +22,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench import api, capture, delivery, report, resilience
+from bench import api, capture, delivery, report, resilience, scale
 from bench.common import BENCH_DB, Procs, Result, drop_database, error_result, recreate_database
 from bench.context import Context
 
 Scenario = Callable[[Context], list[Result]]
 SCENARIOS: dict[str, Scenario] = {
     "capture": capture.scenario,
+    "capture_scale": scale.scenario,
     "throughput": delivery.throughput,
     "latency": delivery.latency,
     "fanout": delivery.fanout,
@@ -36,7 +37,7 @@ SCENARIOS: dict[str, Scenario] = {
     "isolation": resilience.isolation,
     "api": api.scenario,
 }
-NEEDS_RECEIVER = set(SCENARIOS) - {"capture"}
+NEEDS_RECEIVER = set(SCENARIOS) - {"capture", "capture_scale"}
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

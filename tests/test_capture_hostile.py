@@ -287,3 +287,31 @@ def test_dropping_an_attached_table_detaches_it(conn: psycopg.Connection) -> Non
                         ).fetchone() == (0,)
     assert conn.execute("SELECT count(*) FROM pg_proc WHERE proname = %s",
                         (function[0],)).fetchone() == (0,)
+
+
+# -- search_path --------------------------------------------------------------------------
+
+async def test_objects_planted_on_the_search_path_never_reach_the_services_sql(
+        conn: psycopg.Connection, pool: AsyncConnectionPool, role: str) -> None:
+    # A better match for an untyped literal than pg_catalog's nextval(regclass).
+    conn.execute("CREATE FUNCTION public.nextval(text) RETURNS bigint LANGUAGE sql "
+                 "AS $f$ SELECT 1::bigint $f$")
+    as_role(conn, role, """
+        CREATE FUNCTION mallory.quote_ident(text) RETURNS text LANGUAGE sql
+            AS $f$ SELECT 'forged' $f$;
+        CREATE FUNCTION mallory.hashtext(text) RETURNS integer LANGUAGE sql
+            AS $f$ SELECT 0 $f$;
+    """)
+    with conn.transaction():
+        conn.execute("SET LOCAL search_path = mallory, pg_catalog, public")
+        conn.execute("SELECT webhooks.attach('public.invoices', resource => 'invoices', "
+                     "noun => 'invoice', tenant_column => 'company_id')")
+    subscribe(conn, "invoices", ["invoice.create"])
+    conn.execute("INSERT INTO invoices (number, customer, amount) VALUES ('a', 'b', 1), "
+                 "('c', 'd', 2)")
+    async with pool.connection() as service:
+        path = await (await service.execute("SHOW search_path")).fetchone()
+    assert path == ("pg_catalog",)
+    await drain_outbox(pool, 10)
+    ids = [r[0] for r in conn.execute("SELECT id FROM webhooks.events ORDER BY id").fetchall()]
+    assert len(ids) == 2 and len(set(ids)) == 2
