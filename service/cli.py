@@ -25,9 +25,10 @@ def _settings() -> Settings:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from service import db
-
-    applied = db.migrate(_settings().database_url)
+    try:
+        applied = db.migrate(_settings().database_url)
+    except RuntimeError as exc:
+        raise SystemExit(f"webhooks migrate: {exc}") from None
     print(f"applied {len(applied)} migration(s): {', '.join(applied)}" if applied
           else "database is up to date")
     return 0

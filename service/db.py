@@ -4,15 +4,31 @@ from __future__ import annotations
 
 import re
 from functools import cache
+from importlib.resources import files
 from pathlib import Path
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
-ROOT = Path(__file__).resolve().parent.parent
-SQL_DIR = ROOT / "sql"
-MIGRATIONS_DIR = ROOT / "migrations"
+
+def resource_dir(name: str) -> Path:
+    """The directory `name` (sql or migrations) of the installed package, or of the checkout.
+
+    A built wheel carries them inside the package (pyproject.toml maps the checkout's
+    top-level sql/ and migrations/ there); an editable install runs from the checkout.
+    """
+    packaged = files("service") / name
+    if packaged.is_dir():
+        return Path(str(packaged))
+    checkout = Path(__file__).resolve().parent.parent / name
+    if checkout.is_dir():
+        return checkout
+    raise RuntimeError(f"the service's {name}/ files are missing from the installed package")
+
+
+SQL_DIR = resource_dir("sql")
+MIGRATIONS_DIR = resource_dir("migrations")
 
 # Taken while migrating, so two processes starting at once apply each migration once.
 MIGRATION_LOCK = 0x77686B73  # "whks"
@@ -104,6 +120,9 @@ def migrate(url: str) -> list[str]:
             backend = get_backend(yoyo_url(url))
             try:
                 migrations = read_migrations(str(MIGRATIONS_DIR))
+                if not migrations:
+                    raise RuntimeError(f"no migrations found in {MIGRATIONS_DIR}: the "
+                                       "installed package is incomplete")
                 with backend.lock():
                     pending = backend.to_apply(migrations)
                     backend.apply_migrations(pending)

@@ -1,0 +1,109 @@
+"""What users install is what must work: the built wheel, installed into a fresh virtualenv
+outside the checkout, migrates a new database, creates a token and serves the API."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import uuid
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import SERVER_URL, _janitor, with_dbname
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The `webhooks` command of a venv where the wheel is installed (not editable)."""
+    root = tmp_path_factory.mktemp("installed")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(root / "dist"), str(CHECKOUT)], check=True, timeout=300)
+    [wheel] = (root / "dist").glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "service/migrations/0001.initial.sql" in names
+    assert "service/sql/queries/api.sql" in names
+    assert "service/sql/triggers/capture.sql" in names
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path("
+                           "'purelib'))"], capture_output=True, text=True, check=True
+                          ).stdout.strip()
+    # The dependencies come from the test environment's site-packages, appended to the
+    # path (a plain path line: its own .pth files, the checkout's editable finder among
+    # them, are not run); the service itself only from the wheel.
+    Path(site, "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
+                    "--no-deps", "-q", str(wheel)], check=True, timeout=300)
+    return venv / "bin" / "webhooks"
+
+
+@pytest.fixture
+def new_db() -> Iterator[str]:
+    name = f"webhooks_pkg_{uuid.uuid4().hex[:10]}"
+    janitor = _janitor(name)
+    janitor.init()
+    try:
+        yield with_dbname(SERVER_URL, name)
+    finally:
+        janitor.drop()
+
+
+def run(command: list[str], env: dict[str, str], cwd: Path) -> str:
+    result = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_installed_wheel_migrates_creates_a_token_and_serves(
+        installed: Path, new_db: str, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEBHOOKS_")}
+    env["DATABASE_URL"] = new_db
+    env.pop("PYTHONPATH", None)
+    where = run([str(installed.parent / "python"), "-c",
+                 "import service, service.db; print(service.__file__, service.db.SQL_DIR)"],
+                env, tmp_path)
+    assert str(CHECKOUT) not in where, where
+    out = run([str(installed), "migrate"], env, tmp_path)
+    assert out.startswith("applied ") and "0001.initial" in out
+    assert run([str(installed), "migrate"], env, tmp_path).strip() == "database is up to date"
+    token = run([str(installed), "token", "create", "--owner", "pkg"], env,
+                tmp_path).strip().splitlines()[-1]
+    port = free_port()
+    server = subprocess.Popen([str(installed), "api", "--port", str(port)], env=env,
+                              cwd=tmp_path, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+                break
+            except httpx.TransportError:
+                assert server.poll() is None, server.stderr.read() if server.stderr else ""
+                assert time.monotonic() < deadline, "the API did not start"
+                time.sleep(0.1)
+        assert health.status_code == 200
+        listed = httpx.get(f"http://127.0.0.1:{port}/api/v1/webhooks",
+                           headers={"Authorization": f"Bearer {token}"}, timeout=5)
+        assert listed.status_code == 200 and listed.json() == []
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
