@@ -68,6 +68,9 @@ class Settings:
     per_target_concurrency: int = 8
     # Deliveries in flight per owner in one worker; None: half of the worker's concurrency.
     per_owner_concurrency: int | None = None
+    # Name lookups of targets: their own timeout; the system's name servers unless given.
+    dns_timeout: float = 5.0
+    dns_servers: tuple[str, ...] = ()
     poll_interval: float = 5.0
     lease: float = 60.0
     batch_size: int = 100
@@ -110,6 +113,7 @@ class Settings:
         numbers = {
             "WEBHOOKS_DELIVERY_TIMEOUT": ("delivery_timeout", 0.001),
             "WEBHOOKS_VERIFY_TIMEOUT": ("verify_timeout", 0.001),
+            "WEBHOOKS_DNS_TIMEOUT": ("dns_timeout", 0.01),
             "WEBHOOKS_POLL_INTERVAL": ("poll_interval", 0.01),
             "WEBHOOKS_LEASE": ("lease", 1.0),
             "WEBHOOKS_RETRY_AFTER_CAP": ("retry_after_cap", 0.0),
@@ -119,6 +123,8 @@ class Settings:
         for name, (attr, minimum) in numbers.items():
             if (v := get(name)) is not None:
                 kwargs[attr] = _number(name, v, minimum)
+        if (v := get("WEBHOOKS_DNS_SERVERS")) is not None:
+            kwargs["dns_servers"] = tuple(p for p in (s.strip() for s in v.split(",")) if p)
         if (v := get("WEBHOOKS_RETENTION")) is not None:
             try:
                 kwargs["retention"] = parse_duration(v)

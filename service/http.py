@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from collections.abc import Sequence
 from http.cookiejar import Cookie, CookieJar
 
 import aiohttp
@@ -19,7 +20,7 @@ import httpx
 from httpx_aiohttp import AiohttpTransport
 
 from service import __version__
-from service.ssrf import GuardedResolver, TargetRejected, check_address
+from service.ssrf import DNS_TIMEOUT, GuardedResolver, TargetRejected, check_address
 
 USER_AGENT = f"pg-webhooks/{__version__}"
 # Answers are never decompressed, so none are asked for compressed: a compressed error
@@ -52,15 +53,26 @@ def check_literal(host: str | None, allow_private: bool) -> None:
     check_address(host, host.strip("[]"))
 
 
-def make_session(*, allow_private: bool, max_connections: int = 100, per_host: int = 0
+class _Connector(aiohttp.TCPConnector):
+    """A TCPConnector that closes the resolver it was given (aiohttp closes only its own),
+    so no name lookup outlives the session."""
+
+    async def close(self, *, abort_ssl: bool = False) -> None:
+        await super().close(abort_ssl=abort_ssl)
+        if not self._resolver_owner:
+            await self._resolver.close()
+
+
+def make_session(*, allow_private: bool, max_connections: int = 100, per_host: int = 0,
+                 dns_timeout: float = DNS_TIMEOUT, dns_servers: Sequence[str] = ()
                  ) -> aiohttp.ClientSession:
-    """An aiohttp session: guarded resolution, no cookies kept, no compression asked for
-    and none undone.
+    """An aiohttp session: guarded asynchronous resolution (each lookup bounded by
+    `dns_timeout`), no cookies kept, no compression asked for and none undone.
 
     Create it inside the event loop that will use it, and close it with `close()`.
     """
-    connector = aiohttp.TCPConnector(
-        resolver=GuardedResolver(allow_private),
+    connector = _Connector(
+        resolver=GuardedResolver(allow_private, timeout=dns_timeout, nameservers=dns_servers),
         limit=max_connections,
         limit_per_host=per_host,
         ttl_dns_cache=10,
@@ -114,6 +126,9 @@ def _remap(exc: httpx.ConnectTimeout, request: httpx.Request) -> httpx.Transport
             message = os_error.strerror  # the SSRF guard's reason
         elif isinstance(os_error, socket.gaierror):
             message = f"host {cause.host} does not resolve"
+        elif isinstance(cause, aiohttp.ClientConnectorDNSError):
+            reason = getattr(os_error, "strerror", None) or "no address"
+            message = f"host {cause.host} does not resolve: {reason}"
         else:
             reason = getattr(os_error, "strerror", None) or os_error or cause
             message = f"cannot connect to {cause.host}:{cause.port}: {reason}"
@@ -125,15 +140,19 @@ def _remap(exc: httpx.ConnectTimeout, request: httpx.Request) -> httpx.Transport
 
 
 def make_client(*, allow_private: bool, timeout: float, max_connections: int = 100,
-                per_host: int = 0) -> httpx.AsyncClient:
+                per_host: int = 0, dns_timeout: float | None = None,
+                dns_servers: Sequence[str] = ()) -> httpx.AsyncClient:
     """An httpx client that never follows redirects, only connects to allowed addresses,
     keeps no cookies (one handshake never carries what another target or owner set) and
-    asks for no compression.
+    asks for no compression. Name lookups take at most `dns_timeout` seconds (default:
+    the smaller of DNS_TIMEOUT and `timeout`).
 
     Create it inside the event loop that will use it, and close it with `aclose()`.
     """
     session = make_session(allow_private=allow_private, max_connections=max_connections,
-                           per_host=per_host)
+                           per_host=per_host,
+                           dns_timeout=dns_timeout or min(DNS_TIMEOUT, timeout),
+                           dns_servers=dns_servers)
     transport = GuardedTransport(AiohttpTransport(client=session, trust_env=False),
                                  allow_private)
     return httpx.AsyncClient(

@@ -397,7 +397,9 @@ async def open_worker(settings: Settings, *, concurrency: int) -> AsyncIterator[
     await pool.open(wait=True)
     try:
         session = make_session(allow_private=settings.allow_private_targets,
-                               max_connections=max(concurrency, 1))
+                               max_connections=max(concurrency, 1),
+                               dns_timeout=settings.dns_timeout,
+                               dns_servers=settings.dns_servers)
         try:
             worker = Worker(settings, pool, session, concurrency=concurrency)
             worker.start()

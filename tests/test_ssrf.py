@@ -143,3 +143,40 @@ async def test_refused_connection_is_a_connect_error_not_a_timeout() -> None:
         assert not isinstance(info.value, httpx.TimeoutException)
     finally:
         await client.aclose()
+
+
+def assert_no_address(message: str) -> None:
+    """Refusals name the host and the kind of address, never what the name resolved to."""
+    for address in ("127.0.0.1", "::1", "127.0.1.1"):
+        assert address not in message, message
+
+
+async def test_refusals_do_not_name_the_resolved_address() -> None:
+    with pytest.raises(TargetRejected) as info:
+        await check_target("http://localhost:8080/", allow_private=False)
+    message = str(info.value)
+    assert "localhost resolves to a loopback address" in message
+    assert_no_address(message)
+    resolver = GuardedResolver(allow_private=False)
+    try:
+        with pytest.raises(OSError) as raised:
+            await resolver.resolve("localhost", 80)
+        assert "loopback" in str(raised.value)
+        assert_no_address(str(raised.value))
+    finally:
+        await resolver.close()
+    # A literal is its own address: naming it tells nothing new.
+    with pytest.raises(TargetRejected) as literal:
+        await check_target("http://10.1.2.3/", allow_private=False)
+    assert "target 10.1.2.3 is a private address" in str(literal.value)
+
+
+async def test_client_refusal_does_not_name_the_resolved_address() -> None:
+    client = make_client(allow_private=False, timeout=1.0)
+    try:
+        with pytest.raises(httpx.ConnectError) as info:
+            await client.post("http://localhost:9/")
+        assert "loopback" in str(info.value)
+        assert_no_address(str(info.value))
+    finally:
+        await client.aclose()
