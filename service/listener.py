@@ -35,19 +35,25 @@ class Listener:
         self.pid: int | None = None  # backend pid of the current LISTEN connection
 
     async def run(self) -> None:
-        """Listens until cancelled; connection failures are logged and retried."""
+        """Listens until cancelled; connection failures are logged and retried. Anything
+        else propagates (the worker's supervisor logs it and calls run() again), and the
+        listener is then no longer marked connected."""
         backoff = self._min_backoff
-        while True:
-            try:
-                await self._listen_once()
-            except (psycopg.Error, OSError) as exc:
-                log.warning("LISTEN connection lost, reconnecting: %s", exc)
-            if self.connected.is_set():
-                # It was up: this is a fresh failure, so start the backoff over.
-                self.connected.clear()
-                backoff = self._min_backoff
-            await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
-            backoff = min(backoff * 2, self._max_backoff)
+        try:
+            while True:
+                try:
+                    await self._listen_once()
+                except (psycopg.Error, OSError) as exc:
+                    log.warning("LISTEN connection lost, reconnecting: %s", exc)
+                if self.connected.is_set():
+                    # It was up: this is a fresh failure, so start the backoff over.
+                    self.connected.clear()
+                    backoff = self._min_backoff
+                await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
+                backoff = min(backoff * 2, self._max_backoff)
+        finally:
+            self.connected.clear()
+            self.pid = None
 
     async def _listen_once(self) -> None:
         conn = await psycopg.AsyncConnection.connect(

@@ -17,6 +17,9 @@ from service.db import query
 
 log = logging.getLogger("webhooks.metrics")
 
+# The worker's supervised tasks, as named in metrics, logs and `webhooks status`.
+TASKS = ("listener", "recorder", "pruner", "loop")
+
 ATTEMPT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0, 30.0)
 
@@ -41,6 +44,12 @@ class WorkerMetrics:
                                        "Captured statements waiting for fan-out", registry=r)
         self.outbox_lag = Gauge("webhooks_outbox_lag_seconds",
                                 "Age of the oldest event waiting for fan-out", registry=r)
+        self.task_restarts = Counter("webhooks_worker_task_restarts",
+                                     "Restarts of the worker's background tasks after a "
+                                     "crash (listener, recorder, pruner, loop)", ["task"],
+                                     registry=r)
+        for task in TASKS:
+            self.task_restarts.labels(task)  # shown at 0 before any crash
 
     def observe(self, outcome: str, duration_ms: float) -> None:
         """Counts one finished attempt (`outcome`: succeeded, pending or failed)."""

@@ -23,14 +23,31 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
         def rows(name: str) -> list[dict[str, Any]]:
             return [dict(r) for r in cur.execute(query(name)).fetchall()]
 
-        return {
+        def exists(table: str) -> bool:
+            row = cur.execute(query("relation_exists"), {"name": table}).fetchone()
+            return bool(row and row["present"])
+
+        data: dict[str, Any] = {
             "attachments": rows("status_attachments"),
             "subscriptions": one("status_subscriptions"),
             "deliveries": one("status_deliveries"),
             "last_hour": one("status_attempts"),
             "failing": rows("status_failing"),
             "outbox": one("status_outbox"),
+            # Tables a migration may not have created yet: None when absent.
+            "worker_tasks": None,
+            "rejected": None,
         }
+        if exists("webhooks.worker_tasks"):
+            data["worker_tasks"] = rows("status_worker_tasks")
+        if exists("webhooks.rejected_changes"):
+            found = rows("status_rejected")
+            data["rejected"] = {
+                "total": found[0]["total"] if found else 0,
+                "latest": [{k: r[k] for k in ("table_name", "event", "reason", "set_aside_at")}
+                           for r in found if r["table_name"] is not None],
+            }
+        return data
 
 
 def _age(seconds: float | None) -> str:
@@ -72,6 +89,23 @@ def render(data: dict[str, Any]) -> str:
         for f in data["failing"]:
             out.append(f"  #{f['id']:<6} {f['failures']:>5} failures  last status "
                        f"{f['last_status']}  {f['target']}  {f['last_failure'] or ''}")
+    rejected = data.get("rejected")
+    if rejected is not None:
+        out += ["", f"Set-aside changes  {rejected['total']}"
+                    + ("  (rows that could not become events; latest first)"
+                       if rejected["total"] else "")]
+        for r in rejected["latest"]:
+            out.append(f"  {r['set_aside_at']:%Y-%m-%d %H:%M:%S}  {r['table_name']}  "
+                       f"{r['event']}  {r['reason']}")
+    tasks = data.get("worker_tasks")
+    if tasks is not None:
+        if not tasks:
+            out += ["", "Worker tasks    no crash in the last day"]
+        else:
+            out += ["", "Worker tasks    crashed and restarted (last day)"]
+            for t in tasks:
+                out.append(f"  {t['worker']}  {t['task']:<9} {t['restarts']} restarts, last "
+                           f"{_age(t['seconds_ago'])} ago: {t['last_error'] or ''}")
     return "\n".join(out)
 
 

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import os
 import random
 import signal
+import socket
 import traceback
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -25,10 +28,11 @@ from service import delivery
 from service.config import Settings
 from service.crypto import SecretBox, SecretsError
 from service.db import make_pool, query
-from service.delivery import Claim, Recorder
+from service.delivery import Claim, Recorder, pg_text
 from service.fanout import drain_outbox
 from service.http import make_session
 from service.listener import Listener
+from service.logs import redact
 from service.metrics import WorkerMetrics
 
 log = logging.getLogger("webhooks.worker")
@@ -45,6 +49,16 @@ SLOW_AFTER = 1.0
 RECHECK_MIN = 0.05
 # Plain secrets kept in memory at most, keyed by their stored (maybe encrypted) form.
 SECRET_CACHE = 10_000
+# A crashed background task is restarted after RESTART_MIN seconds, doubling (with jitter)
+# up to RESTART_MAX while it keeps crashing; one that ran RESTART_RESET seconds since its
+# last restart starts over from RESTART_MIN.
+RESTART_MIN = 0.1
+RESTART_MAX = 30.0
+RESTART_RESET = 60.0
+# Longest wait for writing a crash to webhooks.worker_tasks.
+HEALTH_WRITE_TIMEOUT = 2.0
+
+_worker_numbers = itertools.count(1)
 
 
 @dataclass
@@ -73,6 +87,9 @@ class Worker:
         self._claim_min = max(1, min(settings.batch_size, self.concurrency // 4))
         self.stats = WorkerStats()
         self.metrics = WorkerMetrics()
+        # Names this worker in webhooks.worker_tasks (several may run in one process).
+        self.name = f"{socket.gethostname()}:{os.getpid()}:{next(_worker_numbers)}"
+        self.task_restarts: dict[str, int] = {}
         self._pool = pool
         self._session = session
         self._wake = asyncio.Event()
@@ -126,9 +143,14 @@ class Worker:
             log.warning("WEBHOOKS_LEASE (%gs) should exceed WEBHOOKS_DELIVERY_TIMEOUT (%gs), "
                         "or slow attempts may be sent twice at once",
                         self.settings.lease, self.settings.delivery_timeout)
-        helpers = [asyncio.create_task(self.listener.run(), name="webhooks-listener"),
-                   asyncio.create_task(self._prune_loop(), name="webhooks-prune")]
-        recorder = asyncio.create_task(self._recorder.run(), name="webhooks-recorder")
+        helpers = [
+            asyncio.create_task(self._supervise("listener", self.listener.run),
+                                name="webhooks-listener"),
+            asyncio.create_task(self._supervise("pruner", self._prune_loop),
+                                name="webhooks-prune"),
+        ]
+        recorder = asyncio.create_task(self._supervise("recorder", self._recorder.run),
+                                       name="webhooks-recorder")
         log.info("worker started", extra={"concurrency": self.concurrency})
         try:
             await self._loop()
@@ -139,6 +161,45 @@ class Worker:
             await self._drain(recorder)
             await self._disarm()
             log.info("worker stopped", extra={"released": self.stats.released})
+
+    async def _supervise(self, task: str, run: Callable[[], Awaitable[None]]) -> None:
+        """Runs `run()` until it returns, restarting it after a crash (logged at ERROR with
+        its traceback, counted in metrics, written to webhooks.worker_tasks) with
+        exponential backoff and jitter. Cancellation stops it."""
+        loop = asyncio.get_running_loop()
+        backoff = RESTART_MIN
+        while True:
+            started = loop.time()
+            try:
+                await run()
+                return
+            except Exception as exc:
+                if loop.time() - started >= RESTART_RESET:
+                    backoff = RESTART_MIN  # it ran fine for a while: a fresh failure
+                delay = await self._crashed(task, exc, backoff)
+                await asyncio.sleep(delay)
+                backoff = min(backoff * 2, RESTART_MAX)
+
+    async def _crashed(self, task: str, exc: BaseException, backoff: float) -> float:
+        """Reports a crash of `task`; returns how long to wait before restarting it."""
+        delay = backoff * random.uniform(0.5, 1.5)
+        restarts = self.task_restarts[task] = self.task_restarts.get(task, 0) + 1
+        self.metrics.task_restarts.labels(task).inc()
+        log.error("worker task %s crashed (restart %d), restarting in %.2fs\n%s", task,
+                  restarts, delay, "".join(traceback.format_exception(exc)).rstrip(),
+                  exc_info=exc, extra={"task": task, "restarts": restarts})
+        error = pg_text(redact(f"{type(exc).__name__}: {exc}"))
+        try:
+            async with asyncio.timeout(HEALTH_WRITE_TIMEOUT):
+                async with self._pool.connection() as conn:
+                    await conn.execute(query("task_crashed"), {
+                        "worker": self.name, "task": task, "restarts": restarts,
+                        "error": error})
+        except Exception as write_error:
+            # The database may be what failed; the log line and the metric remain.
+            log.warning("could not record the crash of task %s in webhooks.worker_tasks: %s",
+                        task, write_error)
+        return delay
 
     async def _loop(self) -> None:
         backoff = 0.1
@@ -151,13 +212,21 @@ class Worker:
                 # Postgres restarting, a network blip: the tables still hold all the work.
                 self.stats.db_errors += 1
                 log.warning("database error in worker loop, retrying: %s", exc)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(),
-                                           backoff * random.uniform(0.5, 1.5))
+                await self._pause(backoff * random.uniform(0.5, 1.5))
                 backoff = min(backoff * 2, 5.0)
+                continue
+            except Exception as exc:
+                # A bug: the loop is the worker, so it is restarted in place, like a task.
+                await self._pause(await self._crashed("loop", exc, backoff))
+                backoff = min(backoff * 2, RESTART_MAX)
                 continue
             backoff = 0.1
             await self._wait(wait)
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleeps `seconds`, or less if the worker is stopped meanwhile."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
 
     async def _step(self) -> float:
         loop = asyncio.get_running_loop()
@@ -222,7 +291,9 @@ class Worker:
         checked again 50 ms, then about 100, 200, 400 ms ... after arming, up to the poll
         interval, which covers notifications lost any other way.
         """
-        if self._armed_pid is None or self._armed_at is None:
+        if self._armed_pid is None or self._armed_at is None or \
+                self.listener.pid != self._armed_pid:
+            # Not armed, or the listener that was is gone (reconnecting): no NOTIFY comes.
             return RECHECK_MIN
         since = asyncio.get_running_loop().time() - self._armed_at
         return min(max(since, RECHECK_MIN), self.settings.poll_interval)
@@ -376,7 +447,8 @@ class Worker:
 
 
 async def prune(pool: AsyncConnectionPool, retention: float) -> int:
-    """Deletes finished deliveries (with their attempts) and unused events past retention."""
+    """Deletes finished deliveries (with their attempts) and unused events past retention,
+    and old crash records of worker tasks."""
     total = 0
     for name in ("prune_deliveries", "prune_events"):
         while True:
@@ -386,6 +458,11 @@ async def prune(pool: AsyncConnectionPool, retention: float) -> int:
             total += cur.rowcount
             if cur.rowcount < PRUNE_BATCH:
                 break
+    async with pool.connection() as conn:
+        cur = await conn.execute(query("relation_exists"), {"name": "webhooks.worker_tasks"})
+        row = await cur.fetchone()
+        if row is not None and row[0]:
+            await conn.execute(query("prune_worker_tasks"), {"retention": retention})
     return total
 
 

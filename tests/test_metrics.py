@@ -67,6 +67,10 @@ async def test_worker_metrics_move_after_a_delivery(db_url: str, conn: psycopg.C
         assert ok, after
         assert sample(after, "webhooks_delivery_attempt_seconds_count") == 1.0
         assert sample(after, "webhooks_outbox_changes_processed_total") >= 1.0
+        # Supervised tasks: every one is listed, at 0 while none has crashed.
+        for task in ("listener", "recorder", "pruner", "loop"):
+            line = f'webhooks_worker_task_restarts_total{{task="{task}"}} 0.0'
+            assert line in after, task
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0

@@ -9,6 +9,7 @@ import sys
 
 import psycopg
 
+from service.db import SQL_DIR
 from service.status import collect, render
 
 
@@ -76,3 +77,66 @@ def test_status_command(db_url: str, conn: psycopg.Connection) -> None:
     raw = subprocess.run([sys.executable, "-m", "service", "status", "--json"], env=env,
                          capture_output=True, text=True, check=True).stdout
     assert json.loads(raw)["deliveries"]["due"] == 1
+
+
+REJECTED_DDL = """
+    CREATE TABLE IF NOT EXISTS webhooks.rejected_changes (
+        id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        table_name    text NOT NULL,
+        event         text NOT NULL,
+        reason        text NOT NULL,
+        set_aside_at  timestamptz NOT NULL DEFAULT now(),
+        row_text      text)"""
+
+
+def test_status_shows_set_aside_changes_and_worker_task_crashes(
+        conn: psycopg.Connection) -> None:
+    seed(conn)
+    conn.execute(REJECTED_DDL)  # until every database has it from a migration
+    conn.execute(SQL_DIR.joinpath("health.sql").read_text())
+    conn.execute("""
+        INSERT INTO webhooks.rejected_changes (table_name, event, reason, set_aside_at,
+                                               row_text)
+        SELECT 'invoices', 'invoice.update', 'unsupported Unicode escape ' || g,
+               now() - make_interval(mins => g), '{}'
+          FROM generate_series(1, 7) g""")
+    conn.execute("""
+        INSERT INTO webhooks.worker_tasks (worker, task, restarts, last_error, last_crash_at)
+        VALUES ('host:1:1', 'listener', 3, 'RuntimeError: boom', now() - interval '2 minutes'),
+               ('host:1:1', 'pruner', 1, 'RuntimeError: old', now() - interval '3 days')""")
+    data = collect(conn)
+    rejected = data["rejected"]
+    assert rejected["total"] == 7
+    assert [r["reason"] for r in rejected["latest"]] == [
+        f"unsupported Unicode escape {g}" for g in range(1, 6)]
+    assert [(t["task"], t["restarts"]) for t in data["worker_tasks"]] == [("listener", 3)]
+    text = render(data)
+    assert "Set-aside changes  7" in text
+    assert "invoices  invoice.update  unsupported Unicode escape 1" in text
+    assert "unsupported Unicode escape 6" not in text
+    assert "host:1:1  listener  3 restarts, last 2.0m ago: RuntimeError: boom" in text
+    assert json.loads(json.dumps(data, default=str))["rejected"]["total"] == 7
+
+
+def test_status_without_the_newer_tables(db_url: str, conn: psycopg.Connection) -> None:
+    seed(conn)
+    conn.execute("DROP TABLE IF EXISTS webhooks.rejected_changes, webhooks.worker_tasks")
+    data = collect(conn)
+    assert data["rejected"] is None and data["worker_tasks"] is None
+    text = render(data)
+    assert "Set-aside changes" not in text and "Worker tasks" not in text
+    env = {**os.environ, "DATABASE_URL": db_url}
+    out = subprocess.run([sys.executable, "-m", "service", "status"], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    assert "Subscriptions   2 active" in out
+
+
+def test_status_with_nothing_set_aside(conn: psycopg.Connection) -> None:
+    conn.execute(REJECTED_DDL)
+    conn.execute(SQL_DIR.joinpath("health.sql").read_text())
+    data = collect(conn)
+    assert data["rejected"] == {"total": 0, "latest": []}
+    assert data["worker_tasks"] == []
+    text = render(data)
+    assert "Set-aside changes  0" in text
+    assert "Worker tasks    no crash in the last day" in text

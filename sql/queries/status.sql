@@ -52,6 +52,28 @@ SELECT coalesce(sum(json_array_length(rows)), 0) AS events,
        extract(epoch FROM now() - min(occurred_at)) AS oldest_seconds
   FROM webhooks.outbox
 
+-- name: status_worker_tasks --
+-- Workers' background tasks that crashed (and were restarted) in the last day, latest
+-- first; the table comes from sql/health.sql (checked for before this runs).
+SELECT worker, task, restarts, left(last_error, 200) AS last_error, last_crash_at,
+       extract(epoch FROM now() - last_crash_at)::float8 AS seconds_ago
+  FROM webhooks.worker_tasks
+ WHERE last_crash_at > now() - interval '1 day'
+ ORDER BY last_crash_at DESC, worker, task
+ LIMIT 10
+
+-- name: status_rejected --
+-- Changes fan-out set aside (a row that cannot become an event): how many, and the
+-- latest five. Always one row at least: `total` with NULLs when there are none.
+SELECT t.total, r.table_name, r.event, r.reason, r.set_aside_at
+  FROM (SELECT count(*) AS total FROM webhooks.rejected_changes) t
+  LEFT JOIN LATERAL (
+        SELECT c.table_name, c.event, left(c.reason, 200) AS reason, c.set_aside_at
+          FROM webhooks.rejected_changes c
+         ORDER BY c.set_aside_at DESC, c.id DESC
+         LIMIT 5) r ON true
+ ORDER BY r.set_aside_at DESC NULLS LAST
+
 -- name: metrics_gauges --
 SELECT (SELECT count(*) FROM webhooks.deliveries
          WHERE status = 'pending' AND next_attempt_at <= now()) AS due,

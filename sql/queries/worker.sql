@@ -185,3 +185,19 @@ ON CONFLICT (pid) DO UPDATE SET armed_at = now()
 
 -- name: wakeup_disarm --
 DELETE FROM webhooks.wakeups WHERE pid = %(pid)s
+
+-- name: task_crashed --
+-- One of this worker's background tasks crashed and is being restarted (sql/health.sql).
+INSERT INTO webhooks.worker_tasks (worker, task, restarts, last_error, last_crash_at)
+VALUES (%(worker)s, %(task)s, %(restarts)s, %(error)s, now())
+ON CONFLICT (worker, task) DO UPDATE
+   SET restarts = EXCLUDED.restarts, last_error = EXCLUDED.last_error,
+       last_crash_at = EXCLUDED.last_crash_at
+
+-- name: prune_worker_tasks --
+-- Retention: crash records of tasks that have not crashed for a long time.
+DELETE FROM webhooks.worker_tasks
+ WHERE last_crash_at < now() - make_interval(secs => %(retention)s)
+
+-- name: relation_exists --
+SELECT to_regclass(%(name)s) IS NOT NULL AS present
