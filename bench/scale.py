@@ -59,7 +59,7 @@ def scenario(ctx: Context) -> list[Result]:
                          (ROWS,))
         conn.execute(
             "INSERT INTO webhooks.subscriptions (owner, tenant, resource, events, target, secret)"
-            " SELECT 'owner' || (i % 1000), 'tenant' || i, %s, ARRAY[%s], "
+            " SELECT 'owner' || (i %% 1000), 'tenant' || i, %s, ARRAY[%s], "
             "'http://127.0.0.1:9/', 'whsec_bench' FROM generate_series(1, %s) AS i",
             (CROWDED, f"{CROWDED.rstrip('s')}.create", subscriptions))
         conn.execute("ANALYZE webhooks.subscription_events")

@@ -19,11 +19,19 @@ CREATE TABLE webhooks.subscription_events (
 );
 CREATE INDEX subscription_events_match_idx
     ON webhooks.subscription_events (resource, event, tenant);
+CREATE TABLE webhooks.wanted_events (
+    resource       text NOT NULL,
+    event          text NOT NULL,
+    subscriptions  integer NOT NULL CHECK (subscriptions >= 0),
+    PRIMARY KEY (resource, event)
+);
 INSERT INTO webhooks.subscription_events (subscription_id, event, resource, tenant, active_since)
 SELECT s.id, e.event, s.resource, s.tenant, s.active_since
   FROM webhooks.subscriptions s
  CROSS JOIN LATERAL (SELECT DISTINCT x AS event FROM unnest(s.events) AS x) e
  WHERE s.active;
+INSERT INTO webhooks.wanted_events (resource, event, subscriptions)
+SELECT resource, event, count(*) FROM webhooks.subscription_events GROUP BY resource, event;
 
 -- Outbox rows captured by 0001 are rewritten in the new form, in JSON (a poison value
 -- stays as it was, for fan-out to set aside).
@@ -238,9 +246,10 @@ BEGIN
     PERFORM 1 FROM webhooks.attachments a
      WHERE a.id OPERATOR(pg_catalog.=) %1$s
        AND a.table_oid OPERATOR(pg_catalog.=) TG_RELID
-       AND EXISTS (SELECT 1 FROM webhooks.subscription_events s
-                    WHERE s.resource OPERATOR(pg_catalog.=) %7$L
-                      AND s.event OPERATOR(pg_catalog.=) v_name);
+       AND EXISTS (SELECT 1 FROM webhooks.wanted_events w
+                    WHERE w.resource OPERATOR(pg_catalog.=) %7$L
+                      AND w.event OPERATOR(pg_catalog.=) v_name
+                      AND w.subscriptions OPERATOR(pg_catalog.>) 0);
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
@@ -604,8 +613,9 @@ END
 $$;
 
 
--- The registry of what active subscriptions want (webhooks.subscription_events), kept
--- exact by every write to webhooks.subscriptions, whoever makes it (API, CLI or SQL).
+-- The registry of what active subscriptions want (webhooks.subscription_events, and its
+-- counts per event in webhooks.wanted_events), kept exact by every write to
+-- webhooks.subscriptions, whoever makes it (API, CLI or SQL).
 CREATE OR REPLACE FUNCTION webhooks.subscription_activated() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -617,16 +627,27 @@ $$;
 CREATE OR REPLACE FUNCTION webhooks.subscription_registry() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF TG_OP = 'UPDATE' THEN
-        DELETE FROM webhooks.subscription_events e WHERE e.subscription_id = OLD.id;
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        WITH gone AS (
+            DELETE FROM webhooks.subscription_events e WHERE e.subscription_id = OLD.id
+            RETURNING e.resource, e.event
+        )
+        UPDATE webhooks.wanted_events w SET subscriptions = w.subscriptions - 1
+          FROM gone g WHERE w.resource = g.resource AND w.event = g.event;
     END IF;
-    IF NEW.active THEN
-        INSERT INTO webhooks.subscription_events (subscription_id, event, resource, tenant,
-                                                  active_since)
-        SELECT NEW.id, e.event, NEW.resource, NEW.tenant, NEW.active_since
-          FROM (SELECT DISTINCT x AS event FROM unnest(NEW.events) AS x) e;
+    IF TG_OP IN ('INSERT', 'UPDATE') AND NEW.active THEN
+        WITH added AS (
+            INSERT INTO webhooks.subscription_events (subscription_id, event, resource,
+                                                      tenant, active_since)
+            SELECT NEW.id, e.event, NEW.resource, NEW.tenant, NEW.active_since
+              FROM (SELECT DISTINCT x AS event FROM unnest(NEW.events) AS x) e
+            RETURNING resource, event
+        )
+        INSERT INTO webhooks.wanted_events AS w (resource, event, subscriptions)
+        SELECT a.resource, a.event, 1 FROM added a
+            ON CONFLICT (resource, event) DO UPDATE SET subscriptions = w.subscriptions + 1;
     END IF;
-    RETURN NULL;
+    RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD END;
 END
 $$;
 
@@ -636,6 +657,11 @@ CREATE TRIGGER subscriptions_1_activated BEFORE UPDATE ON webhooks.subscriptions
     EXECUTE FUNCTION webhooks.subscription_activated();
 DROP TRIGGER IF EXISTS subscriptions_2_registry_insert ON webhooks.subscriptions;
 CREATE TRIGGER subscriptions_2_registry_insert AFTER INSERT ON webhooks.subscriptions
+    FOR EACH ROW EXECUTE FUNCTION webhooks.subscription_registry();
+-- BEFORE DELETE, so that the counts go down before the foreign key's cascade removes the
+-- registry rows.
+DROP TRIGGER IF EXISTS subscriptions_4_registry_delete ON webhooks.subscriptions;
+CREATE TRIGGER subscriptions_4_registry_delete BEFORE DELETE ON webhooks.subscriptions
     FOR EACH ROW EXECUTE FUNCTION webhooks.subscription_registry();
 DROP TRIGGER IF EXISTS subscriptions_3_registry_update ON webhooks.subscriptions;
 CREATE TRIGGER subscriptions_3_registry_update AFTER UPDATE ON webhooks.subscriptions

@@ -80,6 +80,16 @@ CREATE TABLE webhooks.subscription_events (
 CREATE INDEX subscription_events_match_idx
     ON webhooks.subscription_events (resource, event, tenant);
 
+-- How many active subscriptions want each (resource, event): what the capture probe reads.
+-- One row per pair, so the probe is a primary-key lookup whatever the plan and however
+-- many subscriptions want other events of the resource.
+CREATE TABLE webhooks.wanted_events (
+    resource       text NOT NULL,
+    event          text NOT NULL,
+    subscriptions  integer NOT NULL CHECK (subscriptions >= 0),
+    PRIMARY KEY (resource, event)
+);
+
 -- Captured changes waiting for fan-out: one row per statement that changed an attached
 -- table, written by the table's capture function in the writing transaction. `rows` is a
 -- JSON array with one element per changed row, [resource_id, parent_id, tenant, user, row]:
