@@ -29,7 +29,7 @@ def silent_nameserver() -> Iterator[str]:
 
 
 async def test_lookup_times_out_and_others_are_not_held_up(silent_nameserver: str) -> None:
-    resolver = GuardedResolver(allow_private=True, timeout=0.5,
+    resolver = GuardedResolver(allow_private=True, timeout=1.5,
                                nameservers=[silent_nameserver])
     try:
         started = time.monotonic()
@@ -40,14 +40,14 @@ async def test_lookup_times_out_and_others_are_not_held_up(silent_nameserver: st
         # A name from the hosts file and a literal resolve at once meanwhile.
         local = await resolver.resolve("localhost", 80)
         assert {r["host"] for r in local} & {"127.0.0.1", "::1"}
-        assert time.monotonic() - started < 0.4
+        assert time.monotonic() - started < 1.0  # well before the hanging ones give up
         literal = await resolver.resolve("127.0.0.1", 80)
         assert [r["host"] for r in literal] == ["127.0.0.1"]
         results = await asyncio.gather(*hanging, return_exceptions=True)
         elapsed = time.monotonic() - started
         assert all(isinstance(r, OSError) for r in results), results
-        assert "no answer within 0.5s" in str(results[0])
-        assert elapsed < 2.0  # each lookup bounded by its own timeout, all at once
+        assert "no answer within 1.5s" in str(results[0])
+        assert 1.4 < elapsed < 4.0  # each lookup bounded by its own timeout, all at once
     finally:
         await resolver.close()
 
