@@ -236,10 +236,12 @@ async def create_webhook(
     resource, text, target = (string_field(body, name) for name in CREATE_FIELDS)
     names = await _canonical_events(pool, resource, text, settings.max_events_per_subscription)
     try:
-        # Name resolution has no timeout of its own; a hanging resolver must not hang us.
+        # The whole check, not only each lookup, is bounded by the verify timeout.
         async with asyncio.timeout(settings.verify_timeout):
             await check_target(target, settings.allow_private_targets,
-                               settings.max_target_length)
+                               settings.max_target_length,
+                               timeout=min(settings.dns_timeout, settings.verify_timeout),
+                               nameservers=settings.dns_servers or None)
     except TargetRejected as exc:
         raise ApiError(400, str(exc)) from None
     except TimeoutError:
@@ -383,7 +385,9 @@ def create_app(settings: Settings, pool: Pool | None = None) -> Litestar:
             else:
                 app.state.pool = pool
             client = make_client(allow_private=settings.allow_private_targets,
-                                 timeout=settings.verify_timeout)
+                                 timeout=settings.verify_timeout,
+                                 dns_timeout=min(settings.dns_timeout, settings.verify_timeout),
+                                 dns_servers=settings.dns_servers)
             stack.push_async_callback(client.aclose)
             app.state.client = client
             yield

@@ -159,11 +159,14 @@ async def resolve_checked(host: str, port: int, allow_private: bool, *,
     return addresses
 
 
-async def check_target(url: str, allow_private: bool, max_length: int = MAX_URL_LENGTH) -> None:
+async def check_target(url: str, allow_private: bool, max_length: int = MAX_URL_LENGTH, *,
+                       timeout: float = DNS_TIMEOUT,
+                       nameservers: Sequence[str] | None = None) -> None:
     """Raises TargetRejected unless `url` is a well-formed target whose host is allowed."""
     parts = check_url(url, max_length)
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    await resolve_checked(parts.hostname or "", port, allow_private)
+    await resolve_checked(parts.hostname or "", port, allow_private, timeout=timeout,
+                          nameservers=nameservers)
 
 
 class GuardedResolver(AbstractResolver):

@@ -182,6 +182,20 @@ CREATE INDEX attempts_time_idx ON webhooks.attempts (attempted_at);
 
 -- A subscription as the REST API returns it (SPEC section 4): the API sends this text as
 -- is, so the JSON is built once, here. RFC 3339 UTC timestamps with microseconds.
+-- Health of each worker's background tasks (the LISTEN connection, the recorder of
+-- attempts, the pruner, and the claim loop itself). A worker writes a row when one of its
+-- tasks crashes and is restarted; `webhooks status` shows the recent ones. Rows older than
+-- WEBHOOKS_RETENTION are pruned by the workers.
+CREATE TABLE webhooks.worker_tasks (
+    worker         text NOT NULL,  -- host:pid:n of the worker process
+    task           text NOT NULL,  -- listener, recorder, pruner or loop
+    restarts       integer NOT NULL DEFAULT 0,  -- crashes of this task in this process
+    last_error     text,           -- the last crash: exception type and message
+    last_crash_at  timestamptz,
+    PRIMARY KEY (worker, task)
+);
+CREATE INDEX worker_tasks_crash_idx ON webhooks.worker_tasks (last_crash_at);
+
 -- Every name is schema-qualified: the API calls this for each row it lists, and a SET
 -- search_path would cost a plan revalidation per call.
 CREATE FUNCTION webhooks.subscription_json(s webhooks.subscriptions) RETURNS text

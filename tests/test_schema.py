@@ -75,7 +75,7 @@ def test_two_processes_migrating_at_once(empty_db: str) -> None:
         tables = conn.execute("SELECT count(*) FROM information_schema.tables "
                               "WHERE table_schema = 'webhooks' AND table_type = 'BASE TABLE'"
                               ).fetchone()
-    assert tables == (12,)
+    assert tables == (13,)
 
 
 def test_query_files_parse() -> None:

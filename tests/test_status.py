@@ -9,7 +9,6 @@ import sys
 
 import psycopg
 
-from service.db import SQL_DIR
 from service.status import collect, render
 
 
@@ -79,21 +78,12 @@ def test_status_command(db_url: str, conn: psycopg.Connection) -> None:
     assert json.loads(raw)["deliveries"]["due"] == 1
 
 
-REJECTED_DDL = """
-    CREATE TABLE IF NOT EXISTS webhooks.rejected_changes (
-        id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-        table_name    text NOT NULL,
-        event         text NOT NULL,
-        reason        text NOT NULL,
-        set_aside_at  timestamptz NOT NULL DEFAULT now(),
-        row_text      text)"""
+
 
 
 def test_status_shows_set_aside_changes_and_worker_task_crashes(
         conn: psycopg.Connection) -> None:
     seed(conn)
-    conn.execute(REJECTED_DDL)  # until every database has it from a migration
-    conn.execute(SQL_DIR.joinpath("health.sql").read_text())
     conn.execute("""
         INSERT INTO webhooks.rejected_changes (table_name, event, reason, set_aside_at,
                                                row_text)
@@ -132,8 +122,6 @@ def test_status_without_the_newer_tables(db_url: str, conn: psycopg.Connection) 
 
 
 def test_status_with_nothing_set_aside(conn: psycopg.Connection) -> None:
-    conn.execute(REJECTED_DDL)
-    conn.execute(SQL_DIR.joinpath("health.sql").read_text())
     data = collect(conn)
     assert data["rejected"] == {"total": 0, "latest": []}
     assert data["worker_tasks"] == []

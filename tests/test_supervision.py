@@ -11,21 +11,14 @@ import pytest
 from prometheus_client import generate_latest
 
 from service import delivery, listener, worker
-from service.db import SQL_DIR
 from service.status import collect, render
 from service.worker import open_worker
 from tests.receivers import Receiver
 from tests.test_worker_helpers import add_invoice, make_settings, poll, subscribe
 
 
-def ensure_health_table(conn: psycopg.Connection) -> None:
-    """sql/health.sql, until a migration creates the table (it is idempotent)."""
-    conn.execute(SQL_DIR.joinpath("health.sql").read_text())
-
-
 @pytest.fixture
 def health(conn: psycopg.Connection) -> Iterator[psycopg.Connection]:
-    ensure_health_table(conn)
     yield conn
 
 
