@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-DEVDB := $(BIN)/python -m service.devdb exec
+DEVDB := $(BIN)/python -m service.commands.devdb exec
 
 .PHONY: help install test lint run demo status bench bench-quick bench-tools chaos fuzz clean
 
@@ -26,9 +26,10 @@ install: $(STAMP) ## create .venv with the service and its dependencies
 test: install ## run the whole test suite against a real PostgreSQL
 	$(DEVDB) --shared-ok -- $(BIN)/python -m pytest $(PYTEST_ARGS)
 
-lint: install ## ruff and mypy
+lint: install ## ruff, mypy and import-linter (the layers of service/)
 	$(BIN)/ruff check service tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 run: install ## migrate, load the demo schema, print a token, serve the API and a worker
 	WEBHOOKS_ALLOW_PRIVATE_TARGETS=$${WEBHOOKS_ALLOW_PRIVATE_TARGETS:-true} \

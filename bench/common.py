@@ -20,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from service.handshake import new_secret
+from service.api.handshake import new_secret
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable

@@ -155,9 +155,11 @@ target is a ratio to a limit measured in the same run, or an absolute bound.
 ```sh
 make bench          # the whole suite, a few minutes
 make bench-quick    # under two minutes
-.venv/bin/python -m service.devdb exec -- .venv/bin/python -m bench.run --only capture,latency
+.venv/bin/python -m service.commands.devdb exec -- \
+  .venv/bin/python -m bench.run --only capture,latency
 # profiles (py-spy in .venv): workers and the API run under py-spy
-.venv/bin/python -m service.devdb exec -- .venv/bin/python -m bench.run --profile bench/out
+.venv/bin/python -m service.commands.devdb exec -- \
+  .venv/bin/python -m bench.run --profile bench/out
 .venv/bin/python -m bench.profile bench/out/*.txt
 ```
 

@@ -1,5 +1,5 @@
 from __future__ import annotations
 
-from service.cli import main
+from service.commands.cli import main
 
 raise SystemExit(main())

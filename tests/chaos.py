@@ -31,8 +31,9 @@ import psycopg
 from aiohttp import web
 from psycopg import sql
 
-from service import db, devdb
-from service.handshake import new_secret
+from service import db
+from service.api.handshake import new_secret
+from service.commands import devdb
 
 # Below the usual ephemeral range (32768-60999): a client socket that happens to hold the
 # port, even in TIME_WAIT, would keep the restarted server from binding it.

@@ -13,7 +13,7 @@ import pytest
 from litestar import get
 
 from service import db, tokens
-from service.api import create_app
+from service.api.app import create_app
 from service.config import Settings
 from tests.test_api_support import Api, api_for, assert_error, serving
 

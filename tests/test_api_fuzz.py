@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from service import tokens
-from service.api import create_app
+from service.api.app import create_app
 from service.config import Settings
 
 

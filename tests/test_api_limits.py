@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from service.api.ratelimit import RateLimiter, retry_after
 from service.config import ConfigError, Settings
-from service.ratelimit import RateLimiter, retry_after
 from tests.test_api_support import api_for, assert_error
 
 

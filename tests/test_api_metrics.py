@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.api import create_app
+from service.api.app import create_app
 from service.config import Settings
 from tests.receivers import Received, status
 from tests.test_api_support import Api, api_for

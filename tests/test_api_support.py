@@ -17,7 +17,7 @@ import uvicorn
 from litestar import Litestar
 
 from service import tokens
-from service.api import create_app
+from service.api.app import create_app
 from service.config import Settings
 from tests.receivers import Receiver
 

@@ -12,7 +12,7 @@ import pytest
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
-from service.fanout import drain_outbox
+from service.worker.fanout import drain_outbox
 from tests.test_capture import outbox, subscribe
 from tests.test_worker_helpers import open_pool
 

@@ -11,9 +11,9 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from service.db import query
-from service.delivery import Claim, Outcome, claim, record, release
-from service.fanout import drain_outbox
-from service.worker import prune
+from service.worker.delivery import Claim, Outcome, claim, record, release
+from service.worker.fanout import drain_outbox
+from service.worker.loop import prune
 from tests.test_worker_helpers import open_pool, subscribe
 
 

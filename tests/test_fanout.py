@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from service.fanout import FANOUT_LOCK, drain_outbox, fan_out_batch
+from service.worker.fanout import FANOUT_LOCK, drain_outbox, fan_out_batch
 from tests.test_worker_helpers import add_invoice, open_pool, subscribe
 
 

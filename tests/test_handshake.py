@@ -12,7 +12,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from service.handshake import BODY_LIMIT, HandshakeFailed, new_secret, verify
+from service.api.handshake import BODY_LIMIT, HandshakeFailed, new_secret, verify
 from service.http import make_client
 from tests.receivers import Received, Receiver, echo_secret, status
 

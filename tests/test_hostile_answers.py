@@ -19,9 +19,9 @@ from datetime import UTC, datetime
 import psycopg
 import pytest
 
-from service import delivery
-from service.delivery import BODY_LIMIT, Recorder
-from service.fanout import drain_outbox
+from service.worker import delivery
+from service.worker.delivery import BODY_LIMIT, Recorder
+from service.worker.fanout import drain_outbox
 from tests.receivers import Receiver
 from tests.test_worker_helpers import (
     add_invoice,

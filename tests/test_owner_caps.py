@@ -12,8 +12,8 @@ from aiohttp import web
 from psycopg_pool import AsyncConnectionPool
 
 from service.config import ConfigError, Settings
-from service.delivery import claim
-from service.fanout import drain_outbox
+from service.worker.delivery import claim
+from service.worker.fanout import drain_outbox
 from tests.receivers import Received, Receiver
 from tests.test_worker_helpers import add_invoice, open_pool, poll, running_worker, subscribe
 

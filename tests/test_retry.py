@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.retry import JITTER, next_delay, parse_retry_after, scheduled_delay
+from service.worker.retry import JITTER, next_delay, parse_retry_after, scheduled_delay
 
 SCHEDULE = (5.0, 300.0, 1800.0)
 NOW = 1_700_000_000.0

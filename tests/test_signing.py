@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import pytest
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from service.signing import (
+from service.worker.signing import (
     hook_signature,
     message_id,
     signed_headers,

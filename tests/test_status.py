@@ -9,7 +9,7 @@ import sys
 
 import psycopg
 
-from service.status import collect, render
+from service.commands.status import collect, render
 
 
 def seed(conn: psycopg.Connection) -> None:

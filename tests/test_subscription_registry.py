@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from service.fanout import drain_outbox
+from service.worker.fanout import drain_outbox
 from tests.test_capture import subscribe
 from tests.test_worker_helpers import open_pool
 

@@ -10,9 +10,10 @@ import psycopg
 import pytest
 from prometheus_client import generate_latest
 
-from service import delivery, listener, worker
-from service.status import collect, render
-from service.worker import open_worker
+from service.commands.status import collect, render
+from service.worker import delivery, listener
+from service.worker import loop as worker
+from service.worker.loop import open_worker
 from tests.receivers import Receiver
 from tests.test_worker_helpers import add_invoice, make_settings, poll, subscribe
 

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from aiohttp import web
 
-from service.worker import open_worker
+from service.worker.loop import open_worker
 from tests.receivers import Received, Receiver
 from tests.test_worker_helpers import (
     add_invoice,

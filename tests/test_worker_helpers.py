@@ -13,10 +13,10 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from service.api.handshake import new_secret
 from service.config import Settings
 from service.db import make_pool
-from service.handshake import new_secret
-from service.worker import Worker, open_worker
+from service.worker.loop import Worker, open_worker
 
 INVOICE_EVENTS = ["invoice.create", "invoice.update", "invoice.delete",
                   "payment.create", "payment.update", "payment.delete"]

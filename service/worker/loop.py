@@ -24,16 +24,16 @@ import aiohttp
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from service import delivery
 from service.config import Settings
 from service.crypto import SecretBox, SecretsError
 from service.db import make_pool, query
-from service.delivery import Claim, Recorder, pg_text
-from service.fanout import drain_outbox
 from service.http import make_session
-from service.listener import Listener
 from service.logs import redact
-from service.metrics import WorkerMetrics
+from service.worker import delivery
+from service.worker.delivery import Claim, Recorder, pg_text
+from service.worker.fanout import drain_outbox
+from service.worker.listener import Listener
+from service.worker.metrics import WorkerMetrics
 
 log = logging.getLogger("webhooks.worker")
 

@@ -143,7 +143,8 @@ def restart(datadir: Path, port: int = PRIVATE_PORT, mode: str = "fast") -> None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m service.devdb exec [--shared-ok] -- CMD...`: runs CMD with DATABASE_URL set.
+    """`python -m service.commands.devdb exec [--shared-ok] -- CMD...`: runs CMD with a
+    DATABASE_URL.
 
     DATABASE_URL from the environment wins; with --shared-ok a server answering on
     127.0.0.1:5432 is used next; otherwise the private cluster in .pgdata/ is started,
@@ -151,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m service.devdb")
+    parser = argparse.ArgumentParser(prog="python -m service.commands.devdb")
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("exec", help="run a command with DATABASE_URL pointing at a server")
     ex.add_argument("--shared-ok", action="store_true",

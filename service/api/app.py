@@ -26,15 +26,16 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from service import __version__, db, events
-from service.api_auth import provide_principal
-from service.api_errors import (
+from service.api.auth import provide_principal
+from service.api.errors import (
     ERROR_RESPONSES_DOC,
     EXCEPTION_HANDLERS,
     ApiError,
     ErrorBody,
 )
-from service.api_metrics import ApiMetrics, MetricsController, metrics_config
-from service.api_models import (
+from service.api.handshake import HandshakeFailed, new_secret, verify
+from service.api.metrics import ApiMetrics, MetricsController, metrics_config
+from service.api.models import (
     CREATE_FIELDS,
     REQUEST_COMPONENTS,
     UPDATE_FIELDS,
@@ -56,11 +57,10 @@ from service.api_models import (
     string_field,
     to_subscription,
 )
+from service.api.ratelimit import RateLimiter
 from service.config import Settings
 from service.crypto import SecretBox
-from service.handshake import HandshakeFailed, new_secret, verify
 from service.http import make_client
-from service.ratelimit import RateLimiter
 from service.ssrf import TargetRejected, check_target
 from service.tokens import Principal
 

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 import psycopg
 
 from service import __version__, db
+from service.commands.runner import run_loop
 from service.config import ConfigError, Settings
 from service.logs import setup_logging
-from service.runner import run_loop
 
 log = logging.getLogger("webhooks.cli")
 
@@ -35,14 +35,14 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_api(args: argparse.Namespace) -> int:
-    from service.runner import run_api
+    from service.commands.runner import run_api
 
     run_loop(run_api(_settings(), host=args.host, port=args.port))
     return 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from service.worker import run_worker
+    from service.worker.loop import run_worker
 
     settings = _settings()
     run_loop(run_worker(settings, concurrency=args.concurrency or settings.concurrency,
@@ -51,7 +51,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from service.runner import run_all
+    from service.commands.runner import run_all
 
     settings = _settings()
     run_loop(run_all(settings, host=args.host, port=args.port,
@@ -60,20 +60,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
-    from service.dev import dev
+    from service.commands.dev import dev
 
     return dev(_settings(), host=args.host, port=args.port, token_file=args.token_file)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from service.demo import run_demo
+    from service.commands.demo import run_demo
 
     return run_loop(run_demo(_settings(), api=args.api, token=args.token,
                                 token_file=args.token_file))
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from service.status import print_status
+    from service.commands.status import print_status
 
     return print_status(_settings(), as_json=args.json)
 

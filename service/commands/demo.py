@@ -78,8 +78,8 @@ async def _api_up(api: str) -> bool:
 
 async def run_demo(settings: Settings, api: str, token: str | None, token_file: str) -> int:
     """Runs the demo flow and prints what the receiver got; 0 when every signature verified."""
-    from service.dev import prepare
-    from service.runner import run_all
+    from service.commands.dev import prepare
+    from service.commands.runner import run_all
 
     api = api.rstrip("/")
     stop = asyncio.Event()

@@ -23,7 +23,7 @@ from litestar.openapi.spec import (
     SecurityScheme,
 )
 
-from service.api_errors import ApiError
+from service.api.errors import ApiError
 from service.events import format_events
 
 BIGINT_MAX = 2**63 - 1

@@ -49,7 +49,7 @@ def banner(token: str, host: str, port: int) -> str:
 
 def dev(settings: Settings, host: str, port: int, token_file: str) -> int:
     """Prepares the database, prints the token and runs the API and a worker until Ctrl-C."""
-    from service.runner import run_all, run_loop
+    from service.commands.runner import run_all, run_loop
 
     token = prepare(settings, Path(token_file))
     print(banner(token, host, port), flush=True)

@@ -51,7 +51,7 @@ def stop_on_signals(stop: asyncio.Event) -> None:
 
 async def serve_api(settings: Settings, host: str, port: int, stop: asyncio.Event) -> None:
     """Serves the REST API until `stop` is set, then finishes open requests and returns."""
-    from service.api import create_app
+    from service.api.app import create_app
 
     config = uvicorn.Config(create_app(settings), host=host, port=port, log_config=None,
                             access_log=False, lifespan="on", timeout_graceful_shutdown=10)
@@ -76,7 +76,7 @@ async def run_api(settings: Settings, host: str, port: int) -> None:
 async def run_all(settings: Settings, host: str, port: int, concurrency: int,
                   stop: asyncio.Event | None = None) -> None:
     """`webhooks run`: the API and a worker in one process; either failing stops both."""
-    from service.worker import run_worker
+    from service.worker.loop import run_worker
 
     if stop is None:
         stop = asyncio.Event()

@@ -22,9 +22,9 @@ from service.config import Settings
 from service.db import query
 from service.http import check_literal
 from service.logs import redact
-from service.retry import next_delay
-from service.signing import message_id, signed_headers
 from service.ssrf import TargetRejected
+from service.worker.retry import next_delay
+from service.worker.signing import message_id, signed_headers
 
 log = logging.getLogger("webhooks.delivery")
 

@@ -11,8 +11,8 @@ from litestar.di import NamedDependency
 from psycopg_pool import AsyncConnectionPool
 
 from service import tokens
-from service.api_errors import AUTHENTICATE, ApiError
-from service.ratelimit import RateLimiter, retry_after
+from service.api.errors import AUTHENTICATE, ApiError
+from service.api.ratelimit import RateLimiter, retry_after
 from service.tokens import Principal
 
 Pool = AsyncConnectionPool[Any]

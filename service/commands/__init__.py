@@ -1,0 +1,1 @@
+"""The command line and the processes it runs (API, worker, dev, demo, status)."""

@@ -1,0 +1,1 @@
+"""The delivery worker: wake-ups, fan-out, claims, delivery, recording, retries."""
