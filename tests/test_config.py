@@ -1,0 +1,75 @@
+"""Settings: each variable declared once beside its field; the README's table agrees."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from service.config import ConfigError, Settings
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+_ROW = re.compile(r"^\|\s*`([A-Z_]+)`\s*\|([^|]*)\|")
+_CODE = re.compile(r"^`([^`]*)`$")
+
+
+def readme_table() -> dict[str, str]:
+    """{variable: default cell} of the table under "## Configuration" in README.md."""
+    section = README.read_text().split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    rows = (_ROW.match(line) for line in section.splitlines())
+    return {m.group(1): m.group(2).strip() for m in rows if m}
+
+
+def test_readme_lists_every_variable_settings_declares() -> None:
+    declared = [name for name, *_ in Settings.variables()]
+    assert len(declared) == len(set(declared)), "a variable is declared twice"
+    assert sorted(readme_table()) == sorted(declared)
+
+
+def test_readme_defaults_are_the_settings_defaults() -> None:
+    """A default written as `code` in the table parses to the field's default; a default in
+    words (such as "half of the worker's concurrency") is only required to be there."""
+    table = readme_table()
+    for name, _, parse, default in Settings.variables():
+        cell = table[name]
+        assert cell, f"{name}: the README states no default"
+        if (code := _CODE.match(cell)) is not None:
+            assert parse(name, code.group(1)) == default, f"{name}: README says {cell}"
+        elif cell == "unset":
+            assert default is None, f"{name}: README says unset, Settings has {default!r}"
+    assert Settings.from_env({}) == Settings()
+
+
+def test_blank_variables_keep_their_defaults() -> None:
+    env = {name: " " for name, *_ in Settings.variables()}
+    assert Settings.from_env(env) == Settings()
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("WEBHOOKS_ALLOW_PRIVATE_TARGETS", "maybe", "must be true or false"),
+    ("WEBHOOKS_RETRY_SCHEDULE", " , ", "WEBHOOKS_RETRY_SCHEDULE: WEBHOOKS_RETRY_SCHEDULE is empty"),
+    ("WEBHOOKS_RETRY_SCHEDULE", "5s,soon", "WEBHOOKS_RETRY_SCHEDULE: not a duration: 'soon'"),
+    ("WEBHOOKS_RETENTION", "a week", "WEBHOOKS_RETENTION: not a duration"),
+    ("WEBHOOKS_LEASE", "0.5", "WEBHOOKS_LEASE must be at least 1"),
+    ("WEBHOOKS_POLL_INTERVAL", "often", "WEBHOOKS_POLL_INTERVAL must be a number"),
+    ("WEBHOOKS_POOL_SIZE", "2.5", "WEBHOOKS_POOL_SIZE must be a whole number"),
+    ("WEBHOOKS_CONCURRENCY", "inf", "WEBHOOKS_CONCURRENCY must be a whole number"),
+    ("WEBHOOKS_LOG_FORMAT", "xml", "WEBHOOKS_LOG_FORMAT must be text or json"),
+])
+def test_a_bad_value_names_its_variable(name: str, value: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Settings.from_env({name: value})
+
+
+def test_values_are_parsed() -> None:
+    settings = Settings.from_env({
+        "WEBHOOKS_ALLOW_PRIVATE_TARGETS": "Yes", "WEBHOOKS_RETRY_SCHEDULE": "250ms, 1m,",
+        "WEBHOOKS_RETENTION": "1d", "WEBHOOKS_DNS_SERVERS": "10.0.0.1, 10.0.0.2:53,",
+        "WEBHOOKS_LOG_LEVEL": "debug", "WEBHOOKS_BATCH_SIZE": "7.0"})
+    assert settings.allow_private_targets is True
+    assert settings.retry_schedule == (0.25, 60.0)
+    assert settings.retention == 86400.0
+    assert settings.dns_servers == ("10.0.0.1", "10.0.0.2:53")
+    assert settings.log_level == "DEBUG"
+    assert settings.batch_size == 7
