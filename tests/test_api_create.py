@@ -14,7 +14,7 @@ from aiohttp import web
 from service import db
 from service.config import Settings
 from service.crypto import SecretBox, new_key
-from tests.receivers import Received, Receiver, echo_secret, status
+from tests.support.receivers import Received, Receiver, echo_secret, status
 from tests.test_api_support import Api, api_for, assert_error, serving
 from tests.test_handshake import closed_port
 

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from service.api.app import create_app
 from service.config import Settings
-from tests.receivers import Received, status
+from tests.support.receivers import Received, status
 from tests.test_api_support import Api, api_for
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

@@ -19,7 +19,7 @@ from litestar import Litestar
 from service import tokens
 from service.api.app import create_app
 from service.config import Settings
-from tests.receivers import Receiver
+from tests.support.receivers import Receiver
 
 
 @contextlib.asynccontextmanager

@@ -8,7 +8,7 @@ import time
 import psycopg
 import pytest
 
-from tests.receivers import Receiver
+from tests.support.receivers import Receiver
 from tests.test_worker_helpers import add_invoice, running_worker, subscribe, subscription
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from service.config import ConfigError, Settings
 from service.ssrf import GuardedResolver, TargetRejected, resolve_checked
-from tests.receivers import Receiver
+from tests.support.receivers import Receiver
 from tests.test_worker_helpers import add_invoice, poll, running_worker, subscribe, subscription
 
 

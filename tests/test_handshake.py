@@ -14,7 +14,7 @@ from aiohttp import web
 
 from service.api.handshake import BODY_LIMIT, HandshakeFailed, new_secret, verify
 from service.http import make_client
-from tests.receivers import Received, Receiver, echo_secret, status
+from tests.support.receivers import Received, Receiver, echo_secret, status
 
 
 @pytest.fixture

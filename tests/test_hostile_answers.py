@@ -22,7 +22,7 @@ import pytest
 from service.worker import delivery
 from service.worker.delivery import BODY_LIMIT, Recorder
 from service.worker.fanout import drain_outbox
-from tests.receivers import Receiver
+from tests.support.receivers import Receiver
 from tests.test_worker_helpers import (
     add_invoice,
     make_settings,

@@ -12,7 +12,7 @@ import time
 import httpx
 import psycopg
 
-from tests.receivers import Receiver
+from tests.support.receivers import Receiver
 from tests.test_worker_helpers import add_invoice, subscribe, worker_env
 
 

@@ -14,7 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 from service.config import ConfigError, Settings
 from service.worker.delivery import claim
 from service.worker.fanout import drain_outbox
-from tests.receivers import Received, Receiver
+from tests.support.receivers import Received, Receiver
 from tests.test_worker_helpers import add_invoice, open_pool, poll, running_worker, subscribe
 
 

@@ -7,7 +7,7 @@ from urllib.parse import quote
 
 import psycopg
 
-from tests.receivers import Receiver
+from tests.support.receivers import Receiver
 from tests.test_worker_helpers import add_invoice, numbers, poll, running_worker, subscribe
 
 

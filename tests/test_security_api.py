@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from service import tokens
 from service.config import Settings
 from service.logs import JsonFormatter
-from tests.receivers import Receiver, status
+from tests.support.receivers import Receiver, status
 from tests.test_api_support import Api, api_for, assert_error, background_api
 
 

@@ -15,7 +15,7 @@ from service.ssrf import (
     check_url,
     forbidden_reason,
 )
-from tests.receivers import Receiver
+from tests.support.receivers import Receiver
 
 
 @pytest.mark.parametrize(("url", "fragment"), [

@@ -14,7 +14,7 @@ from service.commands.status import collect, render
 from service.worker import delivery, listener
 from service.worker import loop as worker
 from service.worker.loop import open_worker
-from tests.receivers import Receiver
+from tests.support.receivers import Receiver
 from tests.test_worker_helpers import add_invoice, make_settings, poll, subscribe
 
 

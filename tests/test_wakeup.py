@@ -7,7 +7,7 @@ import time
 
 import psycopg
 
-from tests.receivers import Receiver
+from tests.support.receivers import Receiver
 from tests.test_worker_helpers import add_invoice, poll, running_worker, subscribe
 
 

@@ -15,7 +15,7 @@ from standardwebhooks import Webhook
 
 from service.crypto import SecretBox, new_key
 from service.http import USER_AGENT
-from tests.receivers import Receiver
+from tests.support.receivers import Receiver
 from tests.test_worker_helpers import add_invoice, numbers, payloads, running_worker, subscribe
 
 

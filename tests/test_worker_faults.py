@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from service.worker.loop import open_worker
-from tests.receivers import Received, Receiver
+from tests.support.receivers import Received, Receiver
 from tests.test_worker_helpers import (
     add_invoice,
     make_settings,

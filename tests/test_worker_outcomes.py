@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from aiohttp import web
 
-from tests.receivers import Behaviour, Received, Receiver, status
+from tests.support.receivers import Behaviour, Received, Receiver, status
 from tests.test_worker_helpers import (
     add_invoice,
     numbers,

@@ -1,5 +1,10 @@
 """Real HTTP receivers on 127.0.0.1 for tests: they record every request and answer
-with whatever behaviour the test sets (echo the handshake secret, fail, hang, redirect)."""
+with whatever behaviour the test sets (echo the handshake secret, fail, hang, redirect).
+
+    async with Receiver(behaviour=status(500)) as receiver:
+        ...  # receiver.url, receiver.received, await receiver.wait_for(...)
+
+The `receiver` fixture (tests/conftest.py) is one such receiver, echoing the handshake."""
 
 from __future__ import annotations
 
@@ -69,6 +74,12 @@ class Receiver:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+
+    async def __aenter__(self) -> Receiver:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         req = Received(request.method, request.path, dict(request.headers),
