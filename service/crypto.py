@@ -13,7 +13,7 @@ from typing import TextIO
 import psycopg
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
-from service.db import query
+from service.store import run_many_sync, run_sync
 
 PREFIX = "fernet:"
 
@@ -82,22 +82,19 @@ def reseal_all(conn: psycopg.Connection, keys: str | None, batch: int = 500,
                progress: TextIO | None = sys.stderr) -> tuple[int, int]:
     """Re-stores every subscription secret in the form `keys` ask for; (changed, total)."""
     box = SecretBox(keys)
-    total_row = conn.execute(query("secrets_count")).fetchone()
-    total = int(total_row[0]) if total_row else 0
+    [(total,)] = run_sync(conn, "secrets_count")
     changed = seen = 0
     after = 0
     while True:
         with conn.transaction():
-            rows = conn.execute(query("secrets_batch"), {"after": after, "limit": batch}
-                                ).fetchall()
+            rows = run_sync(conn, "secrets_batch", {"after": after, "limit": batch})
             if not rows:
                 break
             updates = [(new, sid) for sid, stored in rows
                        if (new := box.reseal(stored)) is not None]
             if updates:
-                with conn.cursor() as cur:
-                    cur.executemany(query("secrets_update"),
-                                    [{"id": sid, "secret": new} for new, sid in updates])
+                run_many_sync(conn, "secrets_update",
+                              [{"id": sid, "secret": new} for new, sid in updates])
         changed += len(updates)
         seen += len(rows)
         after = int(rows[-1][0])

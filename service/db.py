@@ -1,4 +1,5 @@
-"""Database access: the SQL files, named queries, connection pools and migrations."""
+"""Database plumbing: the SQL files, the named queries' text, connection strings and
+migrations. Named queries run through service.store."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from pathlib import Path
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg_pool import AsyncConnectionPool
 
 
 def resource_dir(name: str) -> Path:
@@ -82,25 +82,6 @@ def conninfo(url: str) -> str:
 def connect(url: str) -> psycopg.Connection:
     """An autocommit connection for the CLI, with the service's search_path."""
     return psycopg.connect(conninfo(url), autocommit=True)
-
-
-def make_pool(url: str, *, min_size: int = 1, max_size: int = 10, name: str = "webhooks"
-              ) -> AsyncConnectionPool:
-    """An unopened async pool; the caller opens it (`await pool.open(wait=True)`) and closes it.
-
-    Connections are not checked at every checkout: that costs a round trip per query on
-    the hot paths. A connection that died (a server restart) fails its next query, is
-    discarded by the pool, and the caller's error handling applies: the worker retries,
-    the API answers 503 for that request.
-    """
-    return AsyncConnectionPool(
-        conninfo(url),
-        min_size=min_size,
-        max_size=max_size,
-        open=False,
-        name=name,
-        kwargs={"autocommit": True, "application_name": f"webhooks-{name}"},
-    )
 
 
 def yoyo_url(url: str) -> str:

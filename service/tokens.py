@@ -9,9 +9,9 @@ import secrets
 from dataclasses import dataclass
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 
-from service.db import query
+from service.store import Store, run_sync
 
 PREFIX = "wht_"
 _FORM = re.compile(r"^wht_[A-Za-z0-9_-]{43}$")
@@ -48,31 +48,27 @@ def create(conn: psycopg.Connection, owner: str, tenant: str | None = None) -> t
     if tenant is not None and not tenant.strip():
         raise ValueError("tenant must not be empty when given")
     token = new_token()
-    row = conn.execute(query("token_insert"),
-                       {"owner": owner, "tenant": tenant, "token_hash": hash_token(token)}
-                       ).fetchone()
-    assert row is not None
+    [row] = run_sync(conn, "token_insert",
+                     {"owner": owner, "tenant": tenant, "token_hash": hash_token(token)})
     return int(row[0]), token
 
 
 def list_all(conn: psycopg.Connection) -> list[dict[str, object]]:
     """Every token's id, owner, tenant and dates; never the token."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        return list(cur.execute(query("token_list")).fetchall())
+    return run_sync(conn, "token_list", row=dict_row)
 
 
 def revoke(conn: psycopg.Connection, token_id: int) -> bool:
     """Revokes the token; False when no token has that id."""
-    return conn.execute(query("token_revoke"), {"id": token_id}).fetchone() is not None
+    return bool(run_sync(conn, "token_revoke", {"id": token_id}))
 
 
-async def authenticate(conn: psycopg.AsyncConnection, token: str) -> Principal | None:
+async def authenticate(store: Store, token: str) -> Principal | None:
     """The principal of a valid, unrevoked token, else None."""
     if not well_formed(token):
         return None
     digest = hash_token(token)
-    cur = await conn.execute(query("token_lookup"), {"token_hash": digest})
-    row = await cur.fetchone()
+    row = await store.one("token_lookup", {"token_hash": digest}, row=tuple_row)
     # The lookup is by hash, so timing reveals nothing of the token; compare again in
     # constant time so that no future change of the lookup can make it leak.
     if row is None or not hmac.compare_digest(bytes(row[3]), digest):

@@ -108,19 +108,6 @@ def test_status_shows_set_aside_changes_and_worker_task_crashes(
     assert json.loads(json.dumps(data, default=str))["rejected"]["total"] == 7
 
 
-def test_status_without_the_newer_tables(db_url: str, conn: psycopg.Connection) -> None:
-    seed(conn)
-    conn.execute("DROP TABLE IF EXISTS webhooks.rejected_changes, webhooks.worker_tasks")
-    data = collect(conn)
-    assert data["rejected"] is None and data["worker_tasks"] is None
-    text = render(data)
-    assert "Set-aside changes" not in text and "Worker tasks" not in text
-    env = {**os.environ, "DATABASE_URL": db_url}
-    out = subprocess.run([sys.executable, "-m", "service", "status"], env=env,
-                         capture_output=True, text=True, check=True).stdout
-    assert "Subscriptions   2 active" in out
-
-
 def test_status_with_nothing_set_aside(conn: psycopg.Connection) -> None:
     data = collect(conn)
     assert data["rejected"] == {"total": 0, "latest": []}

@@ -15,7 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from service.api.handshake import new_secret
 from service.config import Settings
-from service.db import make_pool
+from service.store import make_pool
 from service.worker.loop import Worker, open_worker
 
 INVOICE_EVENTS = ["invoice.create", "invoice.update", "invoice.delete",

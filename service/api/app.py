@@ -22,10 +22,10 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.plugins import RedocRenderPlugin, SwaggerRenderPlugin
 from litestar.params import Parameter
-from psycopg.rows import dict_row
+from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from service import __version__, db, events
+from service import __version__, events
 from service.api.auth import provide_principal
 from service.api.errors import (
     ERROR_RESPONSES_DOC,
@@ -62,11 +62,12 @@ from service.config import Settings
 from service.crypto import SecretBox
 from service.http import make_client
 from service.ssrf import TargetRejected, check_target
+from service.store import Store, make_pool
 from service.tokens import Principal
 
 Pool = AsyncConnectionPool[Any]
 # Parameters filled by dependency injection (providers in create_app).
-PoolDep = NamedDependency[Pool]
+StoreDep = NamedDependency[Store]
 PrincipalDep = NamedDependency[Principal]
 ClientDep = NamedDependency[httpx.AsyncClient]
 log = logging.getLogger("webhooks.api")
@@ -90,10 +91,10 @@ def _errors(*codes: int) -> dict[int, ResponseSpec]:
 
 # --- dependencies -------------------------------------------------------------------
 
-def provide_pool(state: State) -> Pool:
-    """The app's connection pool."""
-    pool: Pool = state.pool
-    return pool
+def provide_store(state: State) -> Store:
+    """The app's store (named queries over its connection pool)."""
+    store: Store = state.store
+    return store
 
 
 def provide_client(state: State) -> httpx.AsyncClient:
@@ -122,21 +123,21 @@ def provide_metrics(state: State) -> ApiMetrics:
 
 # --- subscriptions ------------------------------------------------------------------
 
-async def _registry(pool: Pool, resource: str) -> tuple[dict[str, bool], str | None, list[str]]:
+async def _registry(store: Store, resource: str
+                    ) -> tuple[dict[str, bool], str | None, list[str]]:
     """The resource's events (name -> public), its own noun, and the subscribable resources."""
-    async with pool.connection() as conn:
-        rows = await (await conn.execute(db.query("api_resource_events"),
-                                         {"resource": resource})).fetchall()
+    async with store.session() as s:
+        rows = await s.all("api_resource_events", {"resource": resource}, row=tuple_row)
         if any(public for _, public, _ in rows):
             return {r[0]: r[1] for r in rows}, rows[0][2], []
-        names = await (await conn.execute(db.query("api_public_resources"))).fetchall()
+        names = await s.all("api_public_resources", row=tuple_row)
     return {}, None, [r[0] for r in names]
 
 
-async def _canonical_events(pool: Pool, resource: str, text: str, max_events: int
+async def _canonical_events(store: Store, resource: str, text: str, max_events: int
                             ) -> list[str]:
     """The checked canonical events of a subscription to `resource`; 400 if any is wrong."""
-    registry, own_noun, resources = await _registry(pool, resource)
+    registry, own_noun, resources = await _registry(store, resource)
     if not registry:
         raise ApiError(400, f"unknown resource {shown(resource)}; resources that can be "
                             f"subscribed to: {', '.join(resources) or 'none'} "
@@ -147,26 +148,15 @@ async def _canonical_events(pool: Pool, resource: str, text: str, max_events: in
         raise ApiError(400, str(exc)) from None
 
 
-async def _fetch(pool: Pool, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(db.query(name), params)
-        return await cur.fetchall()
-
-
 def _scope(principal: Principal) -> dict[str, Any]:
     """The query parameters that limit a query to what the caller may see."""
     return {"owner": principal.owner, "tenant": principal.tenant}
 
 
-async def _fetch_tuples(pool: Pool, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-    async with pool.connection() as conn:
-        return await (await conn.execute(db.query(name), params)).fetchall()
-
-
-async def _settle(pool: Pool, subscription_id: int, settings: Settings) -> None:
+async def _settle(store: Store, subscription_id: int, settings: Settings) -> None:
     """Makes a subscription that just became active exact: see webhooks.settle_subscription."""
-    [(settled,)] = await _fetch_tuples(pool, "api_subscription_settle", {
-        "id": subscription_id, "timeout": settings.verify_timeout})
+    (settled,) = await store.one("api_subscription_settle", {
+        "id": subscription_id, "timeout": settings.verify_timeout}, row=tuple_row)
     if not settled:
         log.warning("subscription %s: a transaction writing to its resource was still open "
                     "after %gs; its changes may not reach the new subscription",
@@ -190,7 +180,7 @@ def _subscription_id(text: str) -> int:
 async def list_webhooks(
     request: Request[Any, Any, Any],
     principal: PrincipalDep,
-    pool: PoolDep,
+    store: StoreDep,
     resource: Annotated[str | None, Parameter(description="only this resource")] = None,
     active: Annotated[str | None, Parameter(description="true or false")] = None,
     limit: Annotated[str | None, Parameter(description="1 to 1000, default 100")] = None,
@@ -203,7 +193,7 @@ async def list_webhooks(
     params = {**_scope(principal), "resource": query_text("resource", resource),
               "active": parse_active(active), "after": parse_after(after),
               "limit": wanted + 1}
-    rows = await _fetch_tuples(pool, "api_subscription_list", params)
+    rows = await store.all("api_subscription_list", params, row=tuple_row)
     page = rows[:wanted]
     headers = {}
     if len(rows) > wanted:
@@ -224,7 +214,7 @@ async def list_webhooks(
 async def create_webhook(
     request: Request[Any, Any, Any],
     principal: PrincipalDep,
-    pool: PoolDep,
+    store: StoreDep,
     client: ClientDep,
     settings: SettingsDep,
     box: BoxDep,
@@ -234,7 +224,7 @@ async def create_webhook(
     body = parse_object(await request.body())
     check_fields(body, CREATE_FIELDS, CREATE_FIELDS)
     resource, text, target = (string_field(body, name) for name in CREATE_FIELDS)
-    names = await _canonical_events(pool, resource, text, settings.max_events_per_subscription)
+    names = await _canonical_events(store, resource, text, settings.max_events_per_subscription)
     try:
         # The whole check, not only each lookup, is bounded by the verify timeout.
         async with asyncio.timeout(settings.verify_timeout):
@@ -249,7 +239,7 @@ async def create_webhook(
                             "seconds") from None
     # Checked before the handshake too, so that a full owner does not bother its target.
     limit = settings.max_subscriptions_per_owner
-    [(count,)] = await _fetch_tuples(pool, "api_subscription_count", _scope(principal))
+    (count,) = await store.one("api_subscription_count", _scope(principal), row=tuple_row)
     if count >= limit:
         raise _too_many(limit)
     # No connection is held here: the handshake may take the whole verify timeout.
@@ -260,28 +250,26 @@ async def create_webhook(
         metrics.handshake(exc.outcome)
         raise ApiError(400, f"target verification failed: {exc}") from None
     metrics.handshake("verified")
-    async with pool.connection() as conn, conn.transaction(), \
-            conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(db.query("api_owner_lock"), _scope(principal))
-        await cur.execute(db.query("api_subscription_insert"), {
+    async with store.transaction() as s:
+        await s.run("api_owner_lock", _scope(principal))
+        row = await s.one("api_subscription_insert", {
             **_scope(principal), "resource": resource, "events": names, "target": target,
             "secret": box.seal(secret), "max": limit})
-        row = await cur.fetchone()
     if row is None:
         raise _too_many(limit)
-    created = to_subscription(row)
-    await _settle(pool, created.id, settings)
-    return Response(created, status_code=201,
-                    headers={"Location": f"/api/v1/webhooks/{created.id}"})
+    await _settle(store, row["id"], settings)
+    return Response(row["doc"].encode(), status_code=201, media_type=MediaType.JSON,
+                    headers={"Location": f"/api/v1/webhooks/{row['id']}"})
 
 
 @get("/webhooks/{webhook_id:str}", summary="Get a subscription",
      responses=_errors(*API_ERRORS))
-async def get_webhook(webhook_id: IdPath, principal: PrincipalDep, pool: PoolDep
+async def get_webhook(webhook_id: IdPath, principal: PrincipalDep, store: StoreDep
                       ) -> Response[Subscription]:
     """One of the caller's subscriptions."""
     number = _subscription_id(webhook_id)
-    rows = await _fetch_tuples(pool, "api_subscription_get", {"id": number, **_scope(principal)})
+    rows = await store.all("api_subscription_get", {"id": number, **_scope(principal)},
+                           row=tuple_row)
     if not rows:
         raise ApiError(404, f"no webhook with id {number}")
     return Response(rows[0][0].encode(), media_type=MediaType.JSON)
@@ -293,9 +281,9 @@ async def update_webhook(
     webhook_id: IdPath,
     request: Request[Any, Any, Any],
     principal: PrincipalDep,
-    pool: PoolDep,
+    store: StoreDep,
     settings: SettingsDep,
-) -> Subscription:
+) -> Response[Subscription]:
     """Sets `active`; other fields may be sent only with their current values."""
     number = _subscription_id(webhook_id)
     body = parse_object(await request.body())
@@ -303,10 +291,8 @@ async def update_webhook(
     active = bool_field(body, "active")
     text = string_field(body, "events") if "events" in body else None
     key = {"id": number, **_scope(principal)}
-    async with pool.connection() as conn, conn.transaction(), \
-            conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(db.query("api_subscription_lock"), key)
-        row = await cur.fetchone()
+    async with store.transaction() as s:
+        row = await s.one("api_subscription_lock", key)
         if row is None:
             raise ApiError(404, f"no webhook with id {number}")
         current = to_subscription(row)
@@ -314,35 +300,33 @@ async def update_webhook(
         if text is not None:
             # Compared as the create would have stored them: bare verbs, aliases, order.
             try:
-                await cur.execute(db.query("api_own_noun"), {"resource": current.resource})
-                noun = await cur.fetchone()
+                noun = await s.one("api_own_noun", {"resource": current.resource})
                 names = events.parse(text, noun["noun"] if noun else None)
             except events.EventsError as exc:
                 raise ApiError(400, str(exc)) from None
         check_unchanged(body, current, names)
-        await cur.execute(db.query("api_subscription_set_active"), {**key, "active": active})
-        updated = await cur.fetchone()
+        updated = await s.one("api_subscription_set_active", {**key, "active": active})
     assert updated is not None
     if active and not current.active:
-        await _settle(pool, number, settings)
-    return to_subscription(updated)
+        await _settle(store, number, settings)
+    return Response(updated["doc"].encode(), media_type=MediaType.JSON)
 
 
 @delete("/webhooks/{webhook_id:str}", summary="Delete a subscription and its pending deliveries",
         status_code=204, responses=_errors(*API_ERRORS))
-async def delete_webhook(webhook_id: IdPath, principal: PrincipalDep, pool: PoolDep) -> None:
+async def delete_webhook(webhook_id: IdPath, principal: PrincipalDep, store: StoreDep) -> None:
     """Deletes the subscription; its queued deliveries go with it."""
     number = _subscription_id(webhook_id)
-    rows = await _fetch(pool, "api_subscription_delete", {"id": number, **_scope(principal)})
+    rows = await store.all("api_subscription_delete", {"id": number, **_scope(principal)})
     if not rows:
         raise ApiError(404, f"no webhook with id {number}")
 
 
 @get("/hook_events", summary="List the events that can be subscribed to",
      responses=_errors(*API_ERRORS))
-async def list_hook_events(principal: PrincipalDep, pool: PoolDep) -> list[HookEvent]:
+async def list_hook_events(principal: PrincipalDep, store: StoreDep) -> list[HookEvent]:
     """Every public event, as {"resource", "event"}, by resource and name."""
-    rows = await _fetch(pool, "api_hook_events", {})
+    rows = await store.all("api_hook_events")
     return [HookEvent(resource=r["resource"], event=r["event"]) for r in rows]
 
 
@@ -355,11 +339,11 @@ async def healthz() -> dict[str, str]:
 
 
 @get("/readyz", summary="Database reachable", responses=_errors(503))
-async def readyz(pool: PoolDep) -> Response[dict[str, str]]:
+async def readyz(store: StoreDep) -> Response[dict[str, str]]:
     """200 when `select 1` runs through the pool, else 503."""
     try:
-        async with pool.connection(timeout=5.0) as conn:
-            await conn.execute(db.query("api_ping"))
+        async with asyncio.timeout(5.0):
+            await store.run("api_ping")
     except Exception as exc:
         # Readiness answers, whatever the failure; the type says enough to an operator.
         return Response({"error": f"database unreachable ({type(exc).__name__})"},
@@ -377,13 +361,13 @@ def create_app(settings: Settings, pool: Pool | None = None) -> Litestar:
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
             if pool is None:
-                own = db.make_pool(settings.database_url, max_size=settings.pool_size,
-                                   name="api")
+                own = make_pool(settings.database_url, max_size=settings.pool_size, name="api")
                 await own.open(wait=True)
                 stack.push_async_callback(own.close)
                 app.state.pool = own
             else:
                 app.state.pool = pool
+            app.state.store = Store(app.state.pool)
             client = make_client(allow_private=settings.allow_private_targets,
                                  timeout=settings.verify_timeout,
                                  dns_timeout=min(settings.dns_timeout, settings.verify_timeout),
@@ -403,7 +387,7 @@ def create_app(settings: Settings, pool: Pool | None = None) -> Litestar:
     return Litestar(
         route_handlers=[api, healthz, readyz, MetricsController],
         dependencies={
-            "pool": Provide(provide_pool, sync_to_thread=False),
+            "store": Provide(provide_store, sync_to_thread=False),
             "client": Provide(provide_client, sync_to_thread=False),
             "settings": Provide(provide_settings, sync_to_thread=False),
             "box": Provide(provide_box, sync_to_thread=False),

@@ -8,22 +8,21 @@ from typing import Any
 from litestar import Request
 from litestar.datastructures import State
 from litestar.di import NamedDependency
-from psycopg_pool import AsyncConnectionPool
 
 from service import tokens
 from service.api.errors import AUTHENTICATE, ApiError
 from service.api.ratelimit import RateLimiter, retry_after
+from service.store import Store
 from service.tokens import Principal
 
-Pool = AsyncConnectionPool[Any]
-PoolDep = NamedDependency[Pool]
+StoreDep = NamedDependency[Store]
 
 # One message for every token that is not a valid one (malformed, wrong length, unknown,
 # revoked), so answers tell an attacker nothing about how close a guess came.
 INVALID_TOKEN = "unknown or revoked token"
 
 
-async def provide_principal(request: Request[Any, Any, Any], pool: PoolDep,
+async def provide_principal(request: Request[Any, Any, Any], store: StoreDep,
                             state: State) -> Principal:
     """The caller named by `Authorization: Bearer <token>`: 401 without a valid token, 429
     when the token is over its request rate."""
@@ -38,8 +37,7 @@ async def provide_principal(request: Request[Any, Any, Any], pool: PoolDep,
                        {"WWW-Authenticate": AUTHENTICATE})
     principal = None
     if tokens.well_formed(token):
-        async with pool.connection() as conn:
-            principal = await tokens.authenticate(conn, token)
+        principal = await tokens.authenticate(store, token)
     if principal is None:
         raise ApiError(401, INVALID_TOKEN,
                        {"WWW-Authenticate": AUTHENTICATE + ', error="invalid_token"'})

@@ -11,7 +11,6 @@ import logging
 from typing import Any
 
 import msgspec
-import psycopg
 from litestar import Request, Response
 from litestar.exceptions import (
     HTTPException,
@@ -20,9 +19,9 @@ from litestar.exceptions import (
     ValidationException,
 )
 from litestar.types import ExceptionHandlersMap
-from psycopg_pool import PoolTimeout
 
 from service.logs import redact
+from service.store import StoreUnavailable
 
 log = logging.getLogger("webhooks.api")
 
@@ -115,8 +114,7 @@ EXCEPTION_HANDLERS: ExceptionHandlersMap = {
     NotFoundException: _not_found,
     MethodNotAllowedException: _not_allowed,
     HTTPException: _http,
-    psycopg.OperationalError: _database,
-    PoolTimeout: _database,
+    StoreUnavailable: _database,
     Exception: _unexpected,
 }
 

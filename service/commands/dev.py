@@ -9,6 +9,7 @@ import psycopg
 
 from service import db, tokens
 from service.config import Settings
+from service.store import run_sync
 
 DEV_OWNER = "developer"
 EXAMPLE_SCHEMA = db.SQL_DIR / "triggers" / "example_invoices.sql"
@@ -24,8 +25,7 @@ def prepare(settings: Settings, token_file: Path) -> str:
         conn.execute(EXAMPLE_SCHEMA.read_bytes())
         token = token_file.read_text().strip() if token_file.exists() else ""
         if token and tokens.well_formed(token):
-            found = conn.execute(db.query("token_lookup"),
-                                 {"token_hash": tokens.hash_token(token)}).fetchone()
+            found = run_sync(conn, "token_lookup", {"token_hash": tokens.hash_token(token)})
             if found:
                 return token
         _, token = tokens.create(conn, DEV_OWNER)

@@ -9,45 +9,33 @@ import psycopg
 from psycopg.rows import dict_row
 
 from service.config import Settings
-from service.db import query
+from service.store import run_sync
 
 
 def collect(conn: psycopg.Connection) -> dict[str, Any]:
     """Every figure `webhooks status` shows, as plain data."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        def one(name: str) -> dict[str, Any]:
-            row = cur.execute(query(name)).fetchone()
-            assert row is not None
-            return dict(row)
+    def one(name: str) -> dict[str, Any]:
+        [row] = run_sync(conn, name, row=dict_row)
+        return dict(row)
 
-        def rows(name: str) -> list[dict[str, Any]]:
-            return [dict(r) for r in cur.execute(query(name)).fetchall()]
+    def rows(name: str) -> list[dict[str, Any]]:
+        return [dict(r) for r in run_sync(conn, name, row=dict_row)]
 
-        def exists(table: str) -> bool:
-            row = cur.execute(query("relation_exists"), {"name": table}).fetchone()
-            return bool(row and row["present"])
-
-        data: dict[str, Any] = {
-            "attachments": rows("status_attachments"),
-            "subscriptions": one("status_subscriptions"),
-            "deliveries": one("status_deliveries"),
-            "last_hour": one("status_attempts"),
-            "failing": rows("status_failing"),
-            "outbox": one("status_outbox"),
-            # Tables a migration may not have created yet: None when absent.
-            "worker_tasks": None,
-            "rejected": None,
-        }
-        if exists("webhooks.worker_tasks"):
-            data["worker_tasks"] = rows("status_worker_tasks")
-        if exists("webhooks.rejected_changes"):
-            found = rows("status_rejected")
-            data["rejected"] = {
-                "total": found[0]["total"] if found else 0,
-                "latest": [{k: r[k] for k in ("table_name", "event", "reason", "set_aside_at")}
-                           for r in found if r["table_name"] is not None],
-            }
-        return data
+    rejected = rows("status_rejected")
+    return {
+        "attachments": rows("status_attachments"),
+        "subscriptions": one("status_subscriptions"),
+        "deliveries": one("status_deliveries"),
+        "last_hour": one("status_attempts"),
+        "failing": rows("status_failing"),
+        "outbox": one("status_outbox"),
+        "worker_tasks": rows("status_worker_tasks"),
+        "rejected": {
+            "total": rejected[0]["total"] if rejected else 0,
+            "latest": [{k: r[k] for k in ("table_name", "event", "reason", "set_aside_at")}
+                       for r in rejected if r["table_name"] is not None],
+        },
+    }
 
 
 def _age(seconds: float | None) -> str:

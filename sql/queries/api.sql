@@ -43,12 +43,12 @@ SELECT count(*) FROM webhooks.subscriptions WHERE owner = %(owner)s
 -- name: api_subscription_insert --
 -- Inserts nothing when the owner already has `max` subscriptions; run after api_owner_lock
 -- in the same transaction.
-INSERT INTO webhooks.subscriptions (owner, tenant, resource, events, target, secret,
-                                    active, last_status)
+-- Returns the subscription as GET shows it (webhooks.subscription_json).
+INSERT INTO webhooks.subscriptions AS s (owner, tenant, resource, events, target, secret,
+                                         active, last_status)
 SELECT %(owner)s, %(tenant)s, %(resource)s, %(events)s, %(target)s, %(secret)s, true, 200
  WHERE (SELECT count(*) FROM webhooks.subscriptions WHERE owner = %(owner)s) < %(max)s
-RETURNING id, resource, events, target, active, last_status, last_success_at,
-          last_failure_at, last_failure_content
+RETURNING s.id, webhooks.subscription_json(s) AS doc
 
 -- name: api_subscription_list --
 -- One row more than asked for tells the caller whether a next page exists. Each row comes
@@ -78,12 +78,12 @@ SELECT id, resource, events, target, active, last_status, last_success_at,
    FOR UPDATE
 
 -- name: api_subscription_set_active --
-UPDATE webhooks.subscriptions
+-- Returns the subscription as GET shows it (webhooks.subscription_json).
+UPDATE webhooks.subscriptions AS s
    SET active = %(active)s
  WHERE id = %(id)s AND owner = %(owner)s
    AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
-RETURNING id, resource, events, target, active, last_status, last_success_at,
-          last_failure_at, last_failure_content
+RETURNING s.id, webhooks.subscription_json(s) AS doc
 
 -- name: api_subscription_delete --
 -- The subscription's deliveries and their attempts go with it (ON DELETE CASCADE).
