@@ -1,14 +1,19 @@
-"""Shared fixtures: a migrated template database per test session, a fresh clone per test.
+"""Shared fixtures: a migrated template database per test session, a fresh clone per test;
+a receiver and a running API (helpers in tests/support/).
 
 DATABASE_URL names the server (`make test` sets it); each session creates its own
 databases there and drops them at the end.
+
+Every test gets one layer marker (`pytest -m unit` runs without a database):
+`unit` uses no database fixture; `e2e` starts a worker, an API or a receiver; `db` the rest.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -16,6 +21,8 @@ import pytest
 from pytest_postgresql.janitor import DatabaseJanitor
 
 from service import db
+from tests.support.api import Api, api_for
+from tests.support.receivers import Receiver
 
 SERVER_URL = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -74,3 +81,51 @@ def conn(db_url: str) -> Iterator[psycopg.Connection]:
     """An autocommit connection to the test's database."""
     with psycopg.connect(db_url, autocommit=True) as connection:
         yield connection
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    """A running receiver that answers 200 and echoes the handshake secret."""
+    async with Receiver() as running:
+        yield running
+
+
+@pytest.fixture
+async def api(request: pytest.FixtureRequest, db_url: str) -> AsyncIterator[Api]:
+    """The API serving the test's database, with a token for "alice" and a receiver;
+    settings from the closest `api_settings(**settings)` marker."""
+    marker = request.node.get_closest_marker("api_settings")
+    async with api_for(db_url, **(marker.kwargs if marker else {})) as running:
+        yield running
+
+
+# -- layers ---------------------------------------------------------------------------
+
+# Fixtures that need the database, and fixtures or helpers that run a worker, an API or a
+# receiver (named in the test's own source when it starts one itself).
+DB_FIXTURES = {"template_db", "db_url", "conn"}
+E2E_FIXTURES = {"api", "receiver"}
+E2E_HELPERS = ("running_worker", "open_worker", "worker_env", "Receiver(", "RawTarget(",
+               "api_for(", "serving(", "background_api(", "Popen(", "tests.chaos")
+
+
+def layer(item: pytest.Item) -> str:
+    """`unit`, `db` or `e2e` for one collected test."""
+    names = set(getattr(item, "fixturenames", ()))
+    function = getattr(item, "function", None)
+    try:
+        source = inspect.getsource(function) if function is not None else ""
+    except (OSError, TypeError):
+        source = ""
+    if names & E2E_FIXTURES or any(helper in source for helper in E2E_HELPERS):
+        return "e2e"
+    if names & DB_FIXTURES:
+        return "db"
+    return "unit"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks every test with its layer unless the test names one itself."""
+    for item in items:
+        if not any(item.get_closest_marker(m) for m in ("unit", "db", "e2e")):
+            item.add_marker(layer(item))

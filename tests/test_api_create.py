@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -14,15 +13,11 @@ from aiohttp import web
 from service import db
 from service.config import Settings
 from service.crypto import SecretBox, new_key
+from tests.support.api import Api, api_for, assert_error, serving
 from tests.support.receivers import Received, Receiver, echo_secret, status
-from tests.test_api_support import Api, api_for, assert_error, serving
 from tests.test_handshake import closed_port
 
-
-@pytest.fixture
-async def api(db_url: str) -> AsyncIterator[Api]:
-    async with api_for(db_url, verify_timeout=0.5) as running:
-        yield running
+pytestmark = pytest.mark.api_settings(verify_timeout=0.5)
 
 
 async def post(api: Api, body: Any) -> httpx.Response:

@@ -15,13 +15,7 @@ from litestar import get
 from service import db, tokens
 from service.api.app import create_app
 from service.config import Settings
-from tests.test_api_support import Api, api_for, assert_error, serving
-
-
-@pytest.fixture
-async def api(db_url: str) -> AsyncIterator[Api]:
-    async with api_for(db_url) as running:
-        yield running
+from tests.support.api import Api, assert_error, serving
 
 
 ROUTES = [("GET", "/api/v1/webhooks"), ("POST", "/api/v1/webhooks/"),

@@ -11,7 +11,7 @@ import pytest
 
 from service.api.ratelimit import RateLimiter, retry_after
 from service.config import ConfigError, Settings
-from tests.test_api_support import api_for, assert_error
+from tests.support.api import api_for, assert_error
 
 
 def test_settings_from_env() -> None:

@@ -3,24 +3,19 @@ outcomes; a registry per app; no token, secret or target in any label."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.api.app import create_app
 from service.config import Settings
+from tests.support.api import Api
 from tests.support.receivers import Received, status
-from tests.test_api_support import Api, api_for
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-@pytest.fixture
-async def api(db_url: str) -> AsyncIterator[Api]:
-    async with api_for(db_url, verify_timeout=5.0) as running:
-        yield running
+pytestmark = pytest.mark.api_settings(verify_timeout=5.0)
 
 
 async def scrape(api: Api) -> tuple[str, Samples]:

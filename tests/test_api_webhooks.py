@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.test_api_support import SUBSCRIPTION_FIELDS, Api, api_for, assert_error
+from tests.support.api import SUBSCRIPTION_FIELDS, Api, assert_error
 
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
-
-
-@pytest.fixture
-async def api(db_url: str) -> AsyncIterator[Api]:
-    async with api_for(db_url) as running:
-        yield running
 
 
 async def test_create_returns_the_subscription_and_stores_it(api: Api) -> None:

@@ -34,7 +34,7 @@ from schemathesis.checks import (
 
 from service import tokens
 from service.config import Settings
-from tests.test_api_support import background_api
+from tests.support.api import background_api
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "25"))
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,

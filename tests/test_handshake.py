@@ -18,13 +18,6 @@ from tests.support.receivers import Received, Receiver, echo_secret, status
 
 
 @pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
-    running = await Receiver().start()
-    yield running
-    await running.stop()
-
-
-@pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
     http = make_client(allow_private=True, timeout=0.5)
     yield http

@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -19,14 +19,10 @@ from hypothesis import strategies as st
 from service import tokens
 from service.config import Settings
 from service.logs import JsonFormatter
+from tests.support.api import Api, api_for, assert_error, background_api
 from tests.support.receivers import Receiver, status
-from tests.test_api_support import Api, api_for, assert_error, background_api
 
-
-@pytest.fixture
-async def api(db_url: str) -> AsyncIterator[Api]:
-    async with api_for(db_url, verify_timeout=5.0) as running:
-        yield running
+pytestmark = pytest.mark.api_settings(verify_timeout=5.0)
 
 
 # --- SSRF at creation: the forms of an address that test_api_create does not cover ---------

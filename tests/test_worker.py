@@ -7,23 +7,14 @@ import hashlib
 import hmac
 import json
 import subprocess
-from collections.abc import AsyncIterator
 
 import psycopg
-import pytest
 from standardwebhooks import Webhook
 
 from service.crypto import SecretBox, new_key
 from service.http import USER_AGENT
 from tests.support.receivers import Receiver
 from tests.test_worker_helpers import add_invoice, numbers, payloads, running_worker, subscribe
-
-
-@pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
-    r = await Receiver().start()
-    yield r
-    await r.stop()
 
 
 async def test_plain_sql_change_is_delivered_signed(db_url: str, conn: psycopg.Connection,

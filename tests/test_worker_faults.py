@@ -6,11 +6,9 @@ import asyncio
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import psycopg
-import pytest
 from aiohttp import web
 
 from service.worker.loop import open_worker
@@ -24,13 +22,6 @@ from tests.test_worker_helpers import (
 )
 
 WEBHOOKS = str(Path(sys.executable).with_name("webhooks"))
-
-
-@pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
-    r = await Receiver().start()
-    yield r
-    await r.stop()
 
 
 def distinct_ids(receiver: Receiver) -> set[str]:

@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import psycopg
-import pytest
 from aiohttp import web
 
 from tests.support.receivers import Behaviour, Received, Receiver, status
@@ -20,13 +19,6 @@ from tests.test_worker_helpers import (
     subscribe,
     subscription,
 )
-
-
-@pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
-    r = await Receiver().start()
-    yield r
-    await r.stop()
 
 
 def failing_then_ok(failures: int, code: int = 500) -> Behaviour:

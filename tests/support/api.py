@@ -1,5 +1,7 @@
-"""Helpers of the API tests (no tests here): the app served by uvicorn on 127.0.0.1:0,
-an HTTP client with a token, receivers for the handshake, direct database checks."""
+"""A running API: the app served by uvicorn on 127.0.0.1:0, an HTTP client with a token,
+a receiver for the handshake, direct database checks. The `api` fixture (tests/conftest.py)
+is `api_for(db_url)`; a module changes its settings with
+`pytestmark = pytest.mark.api_settings(verify_timeout=...)`."""
 
 from __future__ import annotations
 
@@ -95,15 +97,12 @@ async def api_for(db_url: str, **settings: Any) -> AsyncIterator[Api]:
     """An Api for the test database; settings default to private targets allowed."""
     settings.setdefault("allow_private_targets", True)
     settings.setdefault("verify_timeout", 2.0)
-    receiver = await Receiver().start()
-    try:
-        async with serving(Settings(database_url=db_url, **settings)) as url, \
-                httpx.AsyncClient(base_url=url, timeout=30) as http:
-            with psycopg.connect(db_url, autocommit=True) as conn:
-                token = tokens.create(conn, "alice")[1]
-            yield Api(url, http, db_url, token, receiver)
-    finally:
-        await receiver.stop()
+    async with Receiver() as receiver, \
+            serving(Settings(database_url=db_url, **settings)) as url, \
+            httpx.AsyncClient(base_url=url, timeout=30) as http:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            token = tokens.create(conn, "alice")[1]
+        yield Api(url, http, db_url, token, receiver)
 
 
 SUBSCRIPTION_FIELDS = {"id", "resource", "events", "target", "active", "last_status",
@@ -131,14 +130,10 @@ def background_api(settings: Settings) -> Iterator[tuple[str, str]]:
     urls: list[str] = []
 
     async def main() -> None:
-        receiver = await Receiver().start()
-        try:
-            async with serving(settings) as url:
-                urls[:] = [url, receiver.url]
-                started.set()
-                await stop.wait()
-        finally:
-            await receiver.stop()
+        async with Receiver() as receiver, serving(settings) as url:
+            urls[:] = [url, receiver.url]
+            started.set()
+            await stop.wait()
 
     thread = threading.Thread(target=lambda: loop.run_until_complete(main()), daemon=True)
     thread.start()
