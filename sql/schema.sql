@@ -1,6 +1,6 @@
 -- The tables of the webhooks schema, as they stand after every migration.
 -- tests/test_schema.py builds one database from this file plus sql/triggers/capture.sql
--- and another from migrations/, and fails if their schemas differ.
+-- and sql/fanout.sql, and another from migrations/, and fails if their schemas differ.
 
 CREATE SCHEMA IF NOT EXISTS webhooks;
 

@@ -1,0 +1,57 @@
+-- Fan-out's side of the outbox: how a captured statement's JSON array becomes one change
+-- per row. The worker's fan-out statement (sql/queries/fanout.sql) reads outbox rows
+-- through webhooks.changes; webhooks.outbox_changes shows what waits, one change a row.
+-- Installed by the migrations after sql/schema.sql and sql/triggers/capture.sql.
+
+-- Why a JSON value cannot become JSONB, or NULL when it can.
+CREATE OR REPLACE FUNCTION webhooks.jsonb_problem(value json) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_detail text;
+BEGIN
+    PERFORM value::jsonb;
+    RETURN NULL;
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
+    RETURN SQLERRM || coalesce(': ' || nullif(v_detail, ''), '');
+END
+$$;
+
+
+-- The changes of one outbox row, one row each, as they are delivered: the row as JSONB
+-- (NULL when the table is attached with include_row false), its id, parent id, tenant and
+-- user_id (the transaction's webhooks.user_id unless empty, else the user column, else
+-- the role). With `careful`, a change whose JSON PostgreSQL cannot take as JSONB (a
+-- \u0000 in a json column, say) comes with the reason in `problem` and no values (even
+-- json's -> parses, and fails on, the whole element), instead
+-- of failing the statement, and `raw` holds it as captured; fan-out sets it aside.
+CREATE OR REPLACE FUNCTION webhooks.changes(o webhooks.outbox, careful boolean DEFAULT false)
+RETURNS TABLE (n bigint, resource_id jsonb, parent_id jsonb, user_id text,
+               tenant_scoped boolean, tenant text, row_data jsonb, problem text, raw json)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT e.n,
+           CASE WHEN p.problem IS NULL THEN (e.j -> 0)::jsonb END,
+           CASE WHEN p.problem IS NULL AND o.parent_resource IS NOT NULL
+                THEN (e.j -> 1)::jsonb END,
+           coalesce(nullif(o.user_setting, ''),
+                    CASE WHEN p.problem IS NULL THEN e.j ->> 3 END, o.role),
+           o.tenant_scoped,
+           CASE WHEN p.problem IS NULL THEN e.j ->> 2 END,
+           CASE WHEN p.problem IS NULL AND o.include_row THEN (e.j -> 4)::jsonb END,
+           p.problem,
+           CASE WHEN p.problem IS NOT NULL THEN e.j END
+      FROM json_array_elements(o.rows) WITH ORDINALITY AS e (j, n)
+     CROSS JOIN LATERAL (SELECT CASE WHEN careful THEN webhooks.jsonb_problem(e.j) END
+                                AS problem) p
+$$;
+
+
+-- What is waiting for fan-out, one change a row, in capture order.
+CREATE OR REPLACE VIEW webhooks.outbox_changes AS
+SELECT o.id AS outbox_id, c.n, o.hook_resource, o.name, o.resource, c.resource_id,
+       o.parent_resource, c.parent_id, c.user_id, c.tenant_scoped, c.tenant, o.occurred_at,
+       c.row_data
+  FROM webhooks.outbox o
+ CROSS JOIN LATERAL webhooks.changes(o) c;
+
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA webhooks FROM PUBLIC;
