@@ -17,7 +17,6 @@ from service.api.app import create_app
 from service.config import Settings
 from tests.support.api import Api, assert_error, serving
 
-
 ROUTES = [("GET", "/api/v1/webhooks"), ("POST", "/api/v1/webhooks/"),
           ("GET", "/api/v1/webhooks/1"), ("PUT", "/api/v1/webhooks/1/"),
           ("DELETE", "/api/v1/webhooks/1"), ("GET", "/api/v1/hook_events")]

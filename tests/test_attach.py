@@ -5,6 +5,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from tests.support.subscriptions import subscribe_to
+
 
 def registry(conn: psycopg.Connection, resource: str) -> list[tuple[str, bool]]:
     return [(r[0], r[1]) for r in conn.execute(
@@ -63,8 +65,7 @@ def test_moving_a_table_under_a_parent_moves_its_events(shipments: psycopg.Conne
 
 
 def test_detach_stops_capture_and_unregisters(conn: psycopg.Connection) -> None:
-    conn.execute("INSERT INTO webhooks.subscriptions (owner, resource, events, target, secret) "
-                 "VALUES ('o', 'invoices', '{payment.create}', 'http://x/', 's')")
+    subscribe_to(conn, "invoices", ["payment.create"])
     conn.execute("SELECT webhooks.detach('public.payments')")
     conn.execute("SELECT webhooks.detach('public.payments')")  # idempotent
     assert triggers(conn, "payments") == []

@@ -9,15 +9,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-
-def subscribe(conn: psycopg.Connection, resource: str, events: list[str], *,
-              active: bool = True, tenant: str | None = None) -> int:
-    row = conn.execute(
-        "INSERT INTO webhooks.subscriptions (owner, tenant, resource, events, target, secret,"
-        " active) VALUES ('tester', %s, %s, %s, 'http://127.0.0.1:9/', 'whsec_x', %s)"
-        " RETURNING id", (tenant, resource, events, active)).fetchone()
-    assert row is not None
-    return int(row[0])
+from tests.support.subscriptions import subscribe_to
 
 
 def outbox(conn: psycopg.Connection) -> list[dict[str, Any]]:
@@ -32,7 +24,7 @@ ALL_INVOICE_EVENTS = ["invoice.create", "invoice.update", "invoice.delete",
 
 @pytest.fixture
 def subscribed(conn: psycopg.Connection) -> psycopg.Connection:
-    subscribe(conn, "invoices", ALL_INVOICE_EVENTS)
+    subscribe_to(conn, "invoices", ALL_INVOICE_EVENTS)
     return conn
 
 
@@ -132,12 +124,12 @@ def test_bulk_statement_captures_every_row_in_order(subscribed: psycopg.Connecti
 def test_nothing_is_written_when_nobody_subscribes(conn: psycopg.Connection) -> None:
     conn.execute("INSERT INTO invoices (number, customer, amount) VALUES ('A', 'b', 1)")
     assert outbox(conn) == []
-    subscribe(conn, "invoices", ["invoice.update"])  # subscribed, but not to create
+    subscribe_to(conn, "invoices", ["invoice.update"])  # subscribed, but not to create
     conn.execute("INSERT INTO invoices (number, customer, amount) VALUES ('B', 'b', 1)")
-    subscribe(conn, "invoices", ["invoice.create"], active=False)  # inactive
+    subscribe_to(conn, "invoices", ["invoice.create"], active=False)  # inactive
     conn.execute("INSERT INTO invoices (number, customer, amount) VALUES ('C', 'b', 1)")
     assert outbox(conn) == []
-    subscribe(conn, "invoices", ["invoice.create"])
+    subscribe_to(conn, "invoices", ["invoice.create"])
     conn.execute("INSERT INTO invoices (number, customer, amount) VALUES ('D', 'b', 1)")
     assert [r["row_data"]["number"] for r in outbox(conn)] == ["D"]
 

@@ -13,8 +13,9 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from service.worker.fanout import drain_outbox
-from tests.test_capture import outbox, subscribe
-from tests.test_worker_helpers import open_pool
+from tests.support.subscriptions import subscribe, subscribe_to
+from tests.support.worker import open_pool
+from tests.test_capture import outbox
 
 
 @pytest.fixture
@@ -58,9 +59,8 @@ def test_a_cast_of_the_table_owner_never_runs_with_the_services_rights(
         conn: psycopg.Connection, role: str) -> None:
     # The owner of an attached table gives a column a type of its own with a cast to json
     # whose function tries to read every subscription secret.
-    conn.execute("INSERT INTO webhooks.subscriptions (owner, resource, events, target, secret)"
-                 " VALUES ('victim', 'invoices', '{invoice.create}', 'http://x/',"
-                 " 'whsec_TOPSECRET')")
+    subscribe(conn, "http://x/", owner="victim", events=["invoice.create"],
+              secret="whsec_TOPSECRET")
     as_role(conn, role, """
         CREATE TABLE mallory.loot (what text);
         CREATE TYPE mallory.mood AS ENUM ('ok', 'sad');
@@ -80,7 +80,7 @@ def test_a_cast_of_the_table_owner_never_runs_with_the_services_rights(
     """)
     conn.execute("SELECT webhooks.attach('public.moods', resource => 'moods', noun => 'mood', "
                  "tenant_column => 'tenant')")
-    subscribe(conn, "moods", ["mood.create", "mood.update"])
+    subscribe_to(conn, "moods", ["mood.create", "mood.update"])
     as_role(conn, role, "INSERT INTO public.moods VALUES (1, 'sad', '{ok,sad}', 'ok')")
     as_role(conn, role, "UPDATE public.moods SET mood = 'ok'")
     loot = [r[0] for r in conn.execute("SELECT what FROM mallory.loot").fetchall()]
@@ -94,7 +94,7 @@ def test_a_cast_of_the_table_owner_never_runs_with_the_services_rights(
 
 def test_a_planted_operator_or_function_on_the_search_path_changes_nothing(
         conn: psycopg.Connection, role: str) -> None:
-    subscribe(conn, "invoices", ["invoice.create", "invoice.update"])
+    subscribe_to(conn, "invoices", ["invoice.create", "invoice.update"])
     as_role(conn, role, """
         CREATE FUNCTION mallory.texteq(text, text) RETURNS boolean LANGUAGE sql
             AS $f$ SELECT true $f$;
@@ -139,7 +139,7 @@ def test_no_function_of_the_schema_is_executable_by_an_unprivileged_role(
 
 def test_a_capture_trigger_on_another_table_cannot_be_created_or_forge_events(
         conn: psycopg.Connection, role: str) -> None:
-    subscribe(conn, "invoices", ["invoice.create"])
+    subscribe_to(conn, "invoices", ["invoice.create"])
     function = conn.execute(
         "SELECT 'webhooks.capture_' || id FROM webhooks.attachments "
         "WHERE resource = 'invoices'").fetchone()
@@ -172,7 +172,7 @@ def test_any_column_name_is_just_a_column(conn: psycopg.Connection) -> None:
     conn.execute(f"CREATE TABLE public.odd (id int PRIMARY KEY, {columns})")
     conn.execute("SELECT webhooks.attach('public.odd', resource => 'odd', noun => 'odd', "
                  "user_column => 'r', tenant_column => 'row')")
-    subscribe(conn, "odd", ["odd.create", "odd.update"])
+    subscribe_to(conn, "odd", ["odd.create", "odd.update"])
     values = ", ".join("%s" for _ in names)
     cols = ", ".join(sql.Identifier(n).as_string(conn) for n in names)
     conn.execute(f"INSERT INTO public.odd (id, {cols}) VALUES (7, {values})",
@@ -190,7 +190,7 @@ def test_a_table_wider_than_json_build_object_takes(conn: psycopg.Connection) ->
     conn.execute(f"CREATE TABLE public.wide (id int PRIMARY KEY, {columns}, doc json)")
     conn.execute("SELECT webhooks.attach('public.wide', resource => 'wide', noun => 'wide', "
                  "exclude_columns => ARRAY['c5'])")
-    subscribe(conn, "wide", ["wide.create"])
+    subscribe_to(conn, "wide", ["wide.create"])
     conn.execute("""INSERT INTO public.wide (id, doc) VALUES (1, '{"a": {}}')""")
     [row] = outbox(conn)
     data = row["row_data"]
@@ -204,7 +204,7 @@ def test_a_table_wider_than_json_build_object_takes(conn: psycopg.Connection) ->
 def docs(conn: psycopg.Connection) -> int:
     conn.execute("CREATE TABLE public.docs (id int PRIMARY KEY, body json, tag text)")
     conn.execute("SELECT webhooks.attach('public.docs', resource => 'docs', noun => 'doc')")
-    return subscribe(conn, "docs", ["doc.create", "doc.update"])
+    return subscribe_to(conn, "docs", ["doc.create", "doc.update"])
 
 
 @pytest.mark.parametrize("poison", [r'{"a": "\u0000"}', r'"\ud800"', r'["x\udfff"]'])
@@ -249,7 +249,7 @@ def test_renaming_or_dropping_a_named_column_is_refused(conn: psycopg.Connection
 
 
 def test_other_schema_changes_are_followed(conn: psycopg.Connection) -> None:
-    subscribe(conn, "invoices", ["payment.create"])
+    subscribe_to(conn, "invoices", ["payment.create"])
     conn.execute("INSERT INTO invoices (id, number, customer, amount) VALUES (1, 'A', 'b', 1)")
     conn.execute("ALTER TABLE payments RENAME method TO channel")
     conn.execute("ALTER TABLE payments ADD COLUMN note text DEFAULT 'n'")
@@ -266,7 +266,7 @@ def test_columns_is_an_allow_list(conn: psycopg.Connection) -> None:
                  " parent_resource => 'invoices', parent_column => 'invoice_id', "
                  " columns => ARRAY['id', 'amount'])")
     conn.execute("ALTER TABLE payments ADD COLUMN added_later text DEFAULT 'secret'")
-    subscribe(conn, "invoices", ["payment.create"])
+    subscribe_to(conn, "invoices", ["payment.create"])
     conn.execute("INSERT INTO invoices (id, number, customer, amount) VALUES (1, 'A', 'b', 1)")
     conn.execute("INSERT INTO payments (invoice_id, amount, card_token) VALUES (1, 5, 'tok')")
     [row] = outbox(conn)
@@ -306,7 +306,7 @@ async def test_objects_planted_on_the_search_path_never_reach_the_services_sql(
         conn.execute("SET LOCAL search_path = mallory, pg_catalog, public")
         conn.execute("SELECT webhooks.attach('public.invoices', resource => 'invoices', "
                      "noun => 'invoice', tenant_column => 'company_id')")
-    subscribe(conn, "invoices", ["invoice.create"])
+    subscribe_to(conn, "invoices", ["invoice.create"])
     conn.execute("INSERT INTO invoices (number, customer, amount) VALUES ('a', 'b', 1), "
                  "('c', 'd', 2)")
     async with pool.connection() as service:

@@ -11,6 +11,7 @@ import pytest
 
 from service.config import ConfigError, Settings
 from service.crypto import PREFIX, SecretBox, SecretsError, new_key, reseal_all
+from tests.support.subscriptions import subscribe
 
 
 def test_seal_and_open_round_trip() -> None:
@@ -52,9 +53,7 @@ def secrets_in_table(conn: psycopg.Connection) -> list[str]:
 def test_reseal_all_encrypts_every_row_and_back(conn: psycopg.Connection) -> None:
     plain = [f"whsec_secret{i}" for i in range(7)]
     for secret in plain:
-        conn.execute("INSERT INTO webhooks.subscriptions (owner, resource, events, target, "
-                     "secret) VALUES ('o', 'invoices', '{invoice.create}', 'http://x/', %s)",
-                     (secret,))
+        subscribe(conn, "http://x/", owner="o", events=["invoice.create"], secret=secret)
     key = new_key()
     assert reseal_all(conn, key, batch=3, progress=None) == (7, 7)
     stored = secrets_in_table(conn)
@@ -66,8 +65,7 @@ def test_reseal_all_encrypts_every_row_and_back(conn: psycopg.Connection) -> Non
 
 
 def test_secrets_command_shows_progress(db_url: str, conn: psycopg.Connection) -> None:
-    conn.execute("INSERT INTO webhooks.subscriptions (owner, resource, events, target, secret) "
-                 "VALUES ('o', 'invoices', '{invoice.create}', 'http://x/', 'whsec_s')")
+    subscribe(conn, "http://x/", owner="o", events=["invoice.create"], secret="whsec_s")
     env = {**os.environ, "DATABASE_URL": db_url, "WEBHOOKS_ENCRYPTION_KEY": new_key()}
     out = subprocess.run([sys.executable, "-m", "service", "secrets", "encrypt"], env=env,
                          capture_output=True, text=True, check=True)

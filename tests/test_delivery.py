@@ -14,7 +14,8 @@ from service.db import query
 from service.worker.delivery import Claim, Outcome, claim, record, release
 from service.worker.fanout import drain_outbox
 from service.worker.loop import prune
-from tests.test_worker_helpers import open_pool, subscribe
+from tests.support.subscriptions import subscribe
+from tests.support.worker import open_pool
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@ import psycopg
 import pytest
 
 from tests.support.receivers import Receiver
-from tests.test_worker_helpers import add_invoice, running_worker, subscribe, subscription
+from tests.support.subscriptions import subscribe, subscription
+from tests.support.worker import add_invoice, running_worker
 
 
 async def wait_for_attempt(conn: psycopg.Connection, sid: int, timeout: float = 10.0) -> None:

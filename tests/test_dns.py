@@ -17,7 +17,8 @@ import pytest
 from service.config import ConfigError, Settings
 from service.ssrf import GuardedResolver, TargetRejected, resolve_checked
 from tests.support.receivers import Receiver
-from tests.test_worker_helpers import add_invoice, poll, running_worker, subscribe, subscription
+from tests.support.subscriptions import subscribe, subscription
+from tests.support.worker import add_invoice, poll, running_worker
 
 
 @pytest.fixture

@@ -10,7 +10,8 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from service.worker.fanout import FANOUT_LOCK, drain_outbox, fan_out_batch
-from tests.test_worker_helpers import add_invoice, open_pool, subscribe
+from tests.support.subscriptions import subscribe, subscribe_to
+from tests.support.worker import add_invoice, open_pool
 
 
 @pytest.fixture
@@ -112,8 +113,7 @@ async def test_one_worker_fans_out_at_a_time(pool: AsyncConnectionPool, db_url: 
 
 async def test_an_oversized_row_is_delivered_without_it_and_flagged(
         db_url: str, conn: psycopg.Connection) -> None:
-    conn.execute("INSERT INTO webhooks.subscriptions (owner, resource, events, target, secret) "
-                 "VALUES ('o', 'invoices', '{invoice.create}', 'http://x/', 's')")
+    subscribe_to(conn, "invoices", ["invoice.create"])
     conn.execute("INSERT INTO invoices (number, customer, amount) VALUES ('small', 'c', 1), "
                  "('big', repeat('x', 5000), 1)")
     async with AsyncConnectionPool(db_url, open=False, kwargs={"autocommit": True}) as pool:

@@ -23,15 +23,8 @@ from service.worker import delivery
 from service.worker.delivery import BODY_LIMIT, Recorder
 from service.worker.fanout import drain_outbox
 from tests.support.receivers import Receiver
-from tests.test_worker_helpers import (
-    add_invoice,
-    make_settings,
-    open_pool,
-    poll,
-    running_worker,
-    subscribe,
-    subscription,
-)
+from tests.support.subscriptions import subscribe, subscription
+from tests.support.worker import add_invoice, make_settings, open_pool, poll, running_worker
 
 
 @dataclasses.dataclass

@@ -13,7 +13,8 @@ import httpx
 import psycopg
 
 from tests.support.receivers import Receiver
-from tests.test_worker_helpers import add_invoice, subscribe, worker_env
+from tests.support.subscriptions import subscribe
+from tests.support.worker import add_invoice, worker_env
 
 
 def free_port() -> int:

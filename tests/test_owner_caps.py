@@ -15,7 +15,8 @@ from service.config import ConfigError, Settings
 from service.worker.delivery import claim
 from service.worker.fanout import drain_outbox
 from tests.support.receivers import Received, Receiver
-from tests.test_worker_helpers import add_invoice, open_pool, poll, running_worker, subscribe
+from tests.support.subscriptions import subscribe
+from tests.support.worker import add_invoice, open_pool, poll, running_worker
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ from urllib.parse import quote
 import psycopg
 
 from tests.support.receivers import Receiver
-from tests.test_worker_helpers import add_invoice, numbers, poll, running_worker, subscribe
+from tests.support.subscriptions import subscribe
+from tests.support.worker import add_invoice, numbers, poll, running_worker
 
 
 async def test_worker_survives_statement_timeout(db_url: str, conn: psycopg.Connection

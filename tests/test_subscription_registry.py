@@ -12,8 +12,8 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from service.worker.fanout import drain_outbox
-from tests.test_capture import subscribe
-from tests.test_worker_helpers import open_pool
+from tests.support.subscriptions import subscribe_many, subscribe_to
+from tests.support.worker import open_pool
 
 
 @pytest.fixture
@@ -47,9 +47,9 @@ def insert_invoice(conn: psycopg.Connection, number: str) -> None:
 
 
 def test_the_registry_follows_every_subscription_write(conn: psycopg.Connection) -> None:
-    a = subscribe(conn, "invoices", ["invoice.create", "invoice.create", "payment.update"],
-                  tenant="t1")
-    b = subscribe(conn, "invoices", ["invoice.delete"], active=False)
+    a = subscribe_to(conn, "invoices", ["invoice.create", "invoice.create", "payment.update"],
+                     tenant="t1")
+    b = subscribe_to(conn, "invoices", ["invoice.delete"], active=False)
     assert registry(conn) == [(a, "invoice.create", "invoices", "t1"),
                               (a, "payment.update", "invoices", "t1")]
     assert wanted(conn) == {"invoice.create": 1, "payment.update": 1}
@@ -58,7 +58,7 @@ def test_the_registry_follows_every_subscription_write(conn: psycopg.Connection)
     conn.execute("UPDATE webhooks.subscriptions SET active = true WHERE id = %s", (b,))
     assert registry(conn) == [(a, "invoice.update", "invoices", "t1"),
                               (b, "invoice.delete", "invoices", None)]
-    c = subscribe(conn, "invoices", ["invoice.update"])
+    c = subscribe_to(conn, "invoices", ["invoice.update"])
     assert wanted(conn) == {"invoice.update": 2, "invoice.delete": 1}
     conn.execute("DELETE FROM webhooks.subscriptions WHERE id = %s", (c,))
     # The recorder's update of last_* fields leaves the registry alone; a 410 removes.
@@ -71,8 +71,8 @@ def test_the_registry_follows_every_subscription_write(conn: psycopg.Connection)
 
 async def test_a_change_committed_while_paused_is_never_delivered(
         conn: psycopg.Connection, pool: AsyncConnectionPool) -> None:
-    sub = subscribe(conn, "invoices", ["invoice.create"])
-    other = subscribe(conn, "invoices", ["invoice.create"])  # keeps the event captured
+    sub = subscribe_to(conn, "invoices", ["invoice.create"])
+    other = subscribe_to(conn, "invoices", ["invoice.create"])  # keeps the event captured
     insert_invoice(conn, "before pause")
     conn.execute("UPDATE webhooks.subscriptions SET active = false WHERE id = %s", (sub,))
     insert_invoice(conn, "while paused")
@@ -86,9 +86,9 @@ async def test_a_change_committed_while_paused_is_never_delivered(
 
 async def test_a_change_committed_before_a_subscription_existed_is_not_delivered(
         conn: psycopg.Connection, pool: AsyncConnectionPool) -> None:
-    subscribe(conn, "invoices", ["invoice.create"])
+    subscribe_to(conn, "invoices", ["invoice.create"])
     insert_invoice(conn, "old")
-    late = subscribe(conn, "invoices", ["invoice.create"])
+    late = subscribe_to(conn, "invoices", ["invoice.create"])
     insert_invoice(conn, "new")
     await drain_outbox(pool, 100)
     assert delivered_numbers(conn, late) == ["new"]
@@ -99,7 +99,7 @@ async def test_settling_waits_for_writers_that_probed_before_the_subscription(
     with psycopg.connect(db_url) as writer:
         # Nobody subscribes yet: this writer's probe skips, and its transaction stays open.
         insert_invoice(writer, "probed before")
-        sub = subscribe(conn, "invoices", ["invoice.create"])
+        sub = subscribe_to(conn, "invoices", ["invoice.create"])
         settled = conn.execute("SELECT webhooks.settle_subscription(%s, '50ms')",
                                (sub,)).fetchone()
         assert settled == (False,)  # the writer is still open: the caller is told
@@ -118,7 +118,7 @@ async def test_a_transaction_older_than_the_subscription_is_captured_when_it_wri
         db_url: str, conn: psycopg.Connection, pool: AsyncConnectionPool) -> None:
     with psycopg.connect(db_url) as writer:
         writer.execute("SELECT 1")  # the transaction is open before the subscription
-        sub = subscribe(conn, "invoices", ["invoice.create"])
+        sub = subscribe_to(conn, "invoices", ["invoice.create"])
         assert conn.execute("SELECT webhooks.settle_subscription(%s)",
                             (sub,)).fetchone() == (True,)
         insert_invoice(writer, "written after")
@@ -129,10 +129,8 @@ async def test_a_transaction_older_than_the_subscription_is_captured_when_it_wri
 
 def test_the_probe_reads_one_row_whatever_the_number_of_subscriptions(
         conn: psycopg.Connection) -> None:
-    conn.execute(
-        "INSERT INTO webhooks.subscriptions (owner, tenant, resource, events, target, secret) "
-        "SELECT 'o' || i, 't' || i, 'invoices', '{invoice.create}', 'http://x/', 's' "
-        "FROM generate_series(1, 20000) AS i")
+    subscribe_many(conn, 20000, resource="invoices", events=["invoice.create"], owners=20000,
+                   target="http://x/")
     conn.execute("ANALYZE webhooks.subscription_events")
     assert conn.execute("SELECT subscriptions FROM webhooks.wanted_events "
                         "WHERE resource = 'invoices' AND event = 'invoice.create'"
@@ -148,12 +146,10 @@ def test_the_probe_reads_one_row_whatever_the_number_of_subscriptions(
 
 async def test_fan_out_matches_tenants_through_the_index(
         conn: psycopg.Connection, pool: AsyncConnectionPool) -> None:
-    conn.execute(
-        "INSERT INTO webhooks.subscriptions (owner, tenant, resource, events, target, secret) "
-        "SELECT 'o', 't' || i, 'invoices', '{invoice.create}', 'http://x/', 's' "
-        "FROM generate_series(1, 2000) AS i")
-    mine = subscribe(conn, "invoices", ["invoice.create"], tenant="acme")
-    everyone = subscribe(conn, "invoices", ["invoice.create"])
+    subscribe_many(conn, 2000, resource="invoices", events=["invoice.create"],
+                   target="http://x/")
+    mine = subscribe_to(conn, "invoices", ["invoice.create"], tenant="acme")
+    everyone = subscribe_to(conn, "invoices", ["invoice.create"])
     insert_invoice(conn, "acme's")
     await drain_outbox(pool, 100)
     assert delivered_numbers(conn, mine) == ["acme's"]

@@ -15,7 +15,8 @@ from service.worker import delivery, listener
 from service.worker import loop as worker
 from service.worker.loop import open_worker
 from tests.support.receivers import Receiver
-from tests.test_worker_helpers import add_invoice, make_settings, poll, subscribe
+from tests.support.subscriptions import subscribe
+from tests.support.worker import add_invoice, make_settings, poll
 
 
 @pytest.fixture

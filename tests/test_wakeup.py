@@ -8,7 +8,8 @@ import time
 import psycopg
 
 from tests.support.receivers import Receiver
-from tests.test_worker_helpers import add_invoice, poll, running_worker, subscribe
+from tests.support.subscriptions import subscribe
+from tests.support.worker import add_invoice, poll, running_worker
 
 
 def wakeup_pids(conn: psycopg.Connection) -> list[int]:

@@ -14,7 +14,8 @@ from standardwebhooks import Webhook
 from service.crypto import SecretBox, new_key
 from service.http import USER_AGENT
 from tests.support.receivers import Receiver
-from tests.test_worker_helpers import add_invoice, numbers, payloads, running_worker, subscribe
+from tests.support.subscriptions import subscribe
+from tests.support.worker import add_invoice, numbers, payloads, running_worker
 
 
 async def test_plain_sql_change_is_delivered_signed(db_url: str, conn: psycopg.Connection,

@@ -13,13 +13,8 @@ from aiohttp import web
 
 from service.worker.loop import open_worker
 from tests.support.receivers import Received, Receiver
-from tests.test_worker_helpers import (
-    add_invoice,
-    make_settings,
-    running_worker,
-    subscribe,
-    worker_env,
-)
+from tests.support.subscriptions import subscribe
+from tests.support.worker import add_invoice, make_settings, running_worker, worker_env
 
 WEBHOOKS = str(Path(sys.executable).with_name("webhooks"))
 

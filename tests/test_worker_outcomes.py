@@ -11,14 +11,8 @@ import psycopg
 from aiohttp import web
 
 from tests.support.receivers import Behaviour, Received, Receiver, status
-from tests.test_worker_helpers import (
-    add_invoice,
-    numbers,
-    poll,
-    running_worker,
-    subscribe,
-    subscription,
-)
+from tests.support.subscriptions import subscribe, subscription
+from tests.support.worker import add_invoice, numbers, poll, running_worker
 
 
 def failing_then_ok(failures: int, code: int = 500) -> Behaviour:

@@ -1,4 +1,5 @@
-"""Helpers of the worker tests: settings, subscriptions, a worker running in-process."""
+"""A running worker: its settings for a test, a worker in this event loop or the environment
+of a `webhooks worker` process, and what tests check of its deliveries."""
 
 from __future__ import annotations
 
@@ -13,13 +14,9 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from service.api.handshake import new_secret
 from service.config import Settings
 from service.store import make_pool
 from service.worker.loop import Worker, open_worker
-
-INVOICE_EVENTS = ["invoice.create", "invoice.update", "invoice.delete",
-                  "payment.create", "payment.update", "payment.delete"]
 
 
 def make_settings(db_url: str, **overrides: Any) -> Settings:
@@ -35,20 +32,6 @@ def make_settings(db_url: str, **overrides: Any) -> Settings:
     }
     values.update(overrides)
     return Settings(**values)
-
-
-def subscribe(conn: psycopg.Connection, target: str, *, events: list[str] | None = None,
-              resource: str = "invoices", tenant: str | None = None, active: bool = True,
-              owner: str = "tests") -> tuple[int, str]:
-    """Inserts a subscription directly (as the API would after its handshake): (id, secret)."""
-    secret = new_secret()
-    row = conn.execute(
-        "INSERT INTO webhooks.subscriptions (owner, tenant, resource, events, target, secret,"
-        " active) VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
-        (owner, tenant, resource, events or INVOICE_EVENTS, target, secret, active),
-    ).fetchone()
-    assert row is not None
-    return row[0], secret
 
 
 def add_invoice(conn: psycopg.Connection, number: str, *, company: str = "acme",
@@ -69,14 +52,6 @@ def payloads(received: list[Any]) -> list[dict[str, Any]]:
 def numbers(received: list[Any]) -> list[str]:
     """The invoice numbers carried by received deliveries, in arrival order."""
     return [p["resource"]["number"] for p in payloads(received) if "resource" in p]
-
-
-def subscription(conn: psycopg.Connection, sid: int) -> dict[str, Any]:
-    """The subscription row as a dict."""
-    cur = conn.cursor(row_factory=psycopg.rows.dict_row)
-    row = cur.execute("SELECT * FROM webhooks.subscriptions WHERE id = %s", (sid,)).fetchone()
-    assert row is not None
-    return row
 
 
 async def poll(predicate: Callable[[], object], timeout: float = 10.0,
