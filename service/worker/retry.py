@@ -5,12 +5,11 @@ from __future__ import annotations
 import random
 from email.utils import parsedate_to_datetime
 
+from service.outcomes import classify
+
 # Spread retries of deliveries that failed together (a target that was down), so they do
 # not come back as one burst.
 JITTER = 0.1
-
-RETRY_AFTER_STATUSES = frozenset({429, 503})
-
 
 # A Retry-After longer than this is not a value any server means; it is ignored.
 MAX_RETRY_AFTER_CHARS = 64
@@ -59,7 +58,7 @@ def next_delay(schedule: tuple[float, ...], attempts: int, *, status: int,
     delay = scheduled_delay(schedule, attempts, rand)
     if delay is None:
         return None
-    if status in RETRY_AFTER_STATUSES:
+    if classify(status).honours_retry_after:
         asked = parse_retry_after(retry_after, now)
         if asked is not None and asked > delay:
             delay = max(delay, min(asked, cap))
