@@ -12,6 +12,7 @@ import pytest
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
+from service.store import Store
 from service.worker.fanout import drain_outbox
 from tests.support.subscriptions import subscribe, subscribe_to
 from tests.support.worker import open_pool
@@ -217,7 +218,7 @@ async def test_a_poison_row_is_set_aside_and_nothing_else_is_blocked(
                  (poison,))
     conn.execute("UPDATE public.docs SET tag = 'still poison' WHERE id = 2")
     conn.execute("INSERT INTO public.docs VALUES (4, '{}', 'after')")
-    drained = await drain_outbox(pool, 100)
+    drained = await drain_outbox(Store(pool), 100)
     assert drained.rejected == 2
     bodies = deliveries(conn, docs)
     tags = [body.split('"tag": ')[1].split('"')[1] for body in bodies]
@@ -312,6 +313,6 @@ async def test_objects_planted_on_the_search_path_never_reach_the_services_sql(
     async with pool.connection() as service:
         path = await (await service.execute("SHOW search_path")).fetchone()
     assert path == ("pg_catalog",)
-    await drain_outbox(pool, 10)
+    await drain_outbox(Store(pool), 10)
     ids = [r[0] for r in conn.execute("SELECT id FROM webhooks.events ORDER BY id").fetchall()]
     assert len(ids) == 2 and len(set(ids)) == 2

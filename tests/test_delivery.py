@@ -11,9 +11,11 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from service.db import query
-from service.worker.delivery import Claim, Outcome, claim, record, release
+from service.store import Store
+from service.worker.delivery import Claim, Outcome, claim, release
 from service.worker.fanout import drain_outbox
-from service.worker.loop import prune
+from service.worker.pruning import prune
+from service.worker.recorder import record
 from tests.support.subscriptions import subscribe
 from tests.support.worker import open_pool
 
@@ -30,13 +32,13 @@ async def queue(pool: AsyncConnectionPool, conn: psycopg.Connection, n: int,
            for i in range(subscribers)]
     conn.execute("INSERT INTO invoices (number, customer, amount)"
                  " SELECT 'Q' || g, 'c', 1 FROM generate_series(1, %s) g", (n,))
-    await drain_outbox(pool, 1000)
+    await drain_outbox(Store(pool), 1000)
     return ids
 
 
 async def take(pool: AsyncConnectionPool, limit: int, busy: dict[int, int] | None = None,
                per_target: int = 100, lease: float = 60.0) -> list[Claim]:
-    return await claim(pool, limit=limit, per_target=per_target, busy=busy or {},
+    return await claim(Store(pool), limit=limit, per_target=per_target, busy=busy or {},
                        lease=lease, scan=100)
 
 
@@ -100,11 +102,11 @@ async def test_stale_outcome_does_not_overwrite_a_newer_claim(
     (old,) = await take(pool, 1, lease=0.1)
     await asyncio.sleep(0.2)
     (new,) = await take(pool, 1)
-    await record(pool, [outcome(old, 500, "pending", 10.0)])
+    await record(Store(pool), [outcome(old, 500, "pending", 10.0)])
     row = conn.execute("SELECT status, attempts, lease_expires_at IS NOT NULL"
                        " FROM webhooks.deliveries").fetchone()
     assert row == ("pending", 2, True)  # still the new claim's
-    await record(pool, [outcome(new, 200, "succeeded")])
+    await record(Store(pool), [outcome(new, 200, "succeeded")])
     assert conn.execute("SELECT status FROM webhooks.deliveries").fetchone() == ("succeeded",)
     # Both attempts are in the log.
     assert conn.execute("SELECT count(*) FROM webhooks.attempts").fetchone() == (2,)
@@ -114,7 +116,7 @@ async def test_release_gives_the_attempt_back(pool: AsyncConnectionPool,
                                               conn: psycopg.Connection) -> None:
     await queue(pool, conn, 2)
     claims = await take(pool, 10)
-    await release(pool, claims)
+    await release(Store(pool), claims)
     again = await take(pool, 10)
     assert [(c.id, c.attempts) for c in again] == [(c.id, 1) for c in claims]
 
@@ -124,7 +126,7 @@ async def test_deleted_subscription_outcome_is_dropped(pool: AsyncConnectionPool
     (sid,) = await queue(pool, conn, 1)
     (c,) = await take(pool, 1)
     conn.execute("DELETE FROM webhooks.subscriptions WHERE id = %s", (sid,))
-    await record(pool, [outcome(c, 200, "succeeded")])
+    await record(Store(pool), [outcome(c, 200, "succeeded")])
     assert conn.execute("SELECT count(*) FROM webhooks.deliveries").fetchone() == (0,)
 
 
@@ -142,9 +144,9 @@ async def test_prune_removes_only_finished_work_past_retention(
         pool: AsyncConnectionPool, conn: psycopg.Connection) -> None:
     await queue(pool, conn, 3)
     done, failed, _ = await take(pool, 3)
-    await record(pool, [outcome(done, 200, "succeeded"), outcome(failed, 500, "failed")])
-    assert await prune(pool, retention=3600.0) == 0  # all too young
-    assert await prune(pool, retention=0.0) == 4  # two deliveries, their two events
+    await record(Store(pool), [outcome(done, 200, "succeeded"), outcome(failed, 500, "failed")])
+    assert await prune(Store(pool), retention=3600.0) == 0  # all too young
+    assert await prune(Store(pool), retention=0.0) == 4  # two deliveries, their two events
     rows = conn.execute("SELECT status FROM webhooks.deliveries").fetchall()
     assert rows == [("pending",)]
     assert conn.execute("SELECT count(*) FROM webhooks.events").fetchone() == (1,)

@@ -9,6 +9,7 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
+from service.store import Store
 from service.worker.fanout import FANOUT_LOCK, drain_outbox, fan_out_batch
 from tests.support.subscriptions import subscribe, subscribe_to
 from tests.support.worker import add_invoice, open_pool
@@ -42,7 +43,7 @@ async def test_one_delivery_per_matching_subscription(pool: AsyncConnectionPool,
     invoice_id = add_invoice(conn, "F1", company="acme")
     conn.execute("UPDATE invoices SET status = 'sent' WHERE id = %s", (invoice_id,))
 
-    assert (await drain_outbox(pool, 100)).created == 3
+    assert (await drain_outbox(Store(pool), 100)).created == 3
     assert count(conn, "outbox") == 0
     rows = conn.execute("SELECT e.name, d.subscription_id, d.status, d.attempts"
                         " FROM webhooks.deliveries d JOIN webhooks.events e"
@@ -56,7 +57,7 @@ async def test_body_is_built_once_in_sql(pool: AsyncConnectionPool,
     subscribe(conn, "http://a.example/")
     invoice_id = add_invoice(conn, "B1")
     conn.execute("INSERT INTO payments (invoice_id, amount) VALUES (%s, 2)", (invoice_id,))
-    await drain_outbox(pool, 100)
+    await drain_outbox(Store(pool), 100)
     bodies = [json.loads(b) for (b,) in conn.execute(
         "SELECT body FROM webhooks.events ORDER BY id").fetchall()]
     assert [b["event"]["name"] for b in bodies] == ["invoice.create", "payment.create"]
@@ -76,7 +77,7 @@ async def test_unwanted_events_leave_the_hot_tables(pool: AsyncConnectionPool,
     # Deactivated after the change was captured but before fan-out.
     conn.execute("UPDATE webhooks.subscriptions SET active = false WHERE id = %s", (sid,))
     assert count(conn, "outbox") == 1
-    assert (await drain_outbox(pool, 100)).created == 0
+    assert (await drain_outbox(Store(pool), 100)).created == 0
     assert (count(conn, "outbox"), count(conn, "events"), count(conn, "deliveries")) == (
         0, 0, 0)
 
@@ -89,9 +90,9 @@ async def test_batches_in_event_order(pool: AsyncConnectionPool,
                  " SELECT 'O' || g, 'c', 1 FROM generate_series(1, 50) g")
     for g in range(51, 251):
         add_invoice(conn, f"O{g}")
-    first = await fan_out_batch(pool, 100)
+    first = await fan_out_batch(Store(pool), 100)
     assert (first.locked, first.taken, first.changes, first.created) == (True, 100, 149, 149)
-    assert (await drain_outbox(pool, 100)).created == 101
+    assert (await drain_outbox(Store(pool), 100)).created == 101
     rows = conn.execute("SELECT d.event_id, e.body::jsonb -> 'resource' ->> 'number' "
                         "FROM webhooks.deliveries d JOIN webhooks.events e ON e.id = d.event_id "
                         "ORDER BY d.id").fetchall()
@@ -106,9 +107,9 @@ async def test_one_worker_fans_out_at_a_time(pool: AsyncConnectionPool, db_url: 
     add_invoice(conn, "L1")
     with psycopg.connect(db_url) as other, other.transaction():
         other.execute("SELECT pg_advisory_xact_lock(%s)", (FANOUT_LOCK,))
-        busy = await fan_out_batch(pool, 100)
+        busy = await fan_out_batch(Store(pool), 100)
         assert (busy.locked, busy.taken) == (False, 0)
-    assert (await drain_outbox(pool, 100)).created == 1
+    assert (await drain_outbox(Store(pool), 100)).created == 1
 
 
 async def test_an_oversized_row_is_delivered_without_it_and_flagged(
@@ -117,7 +118,7 @@ async def test_an_oversized_row_is_delivered_without_it_and_flagged(
     conn.execute("INSERT INTO invoices (number, customer, amount) VALUES ('small', 'c', 1), "
                  "('big', repeat('x', 5000), 1)")
     async with AsyncConnectionPool(db_url, open=False, kwargs={"autocommit": True}) as pool:
-        await drain_outbox(pool, 100, max_row_bytes=2000)
+        await drain_outbox(Store(pool), 100, max_row_bytes=2000)
     bodies = [json.loads(r[0]) for r in conn.execute(
         "SELECT body FROM webhooks.events ORDER BY id")]
     assert bodies[0]["resource"]["number"] == "small"

@@ -19,9 +19,11 @@ from datetime import UTC, datetime
 import psycopg
 import pytest
 
+from service.store import Store
 from service.worker import delivery
-from service.worker.delivery import BODY_LIMIT, Recorder
+from service.worker.delivery import BODY_LIMIT
 from service.worker.fanout import drain_outbox
+from service.worker.recorder import Recorder
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe, subscription
 from tests.support.worker import add_invoice, make_settings, open_pool, poll, running_worker
@@ -194,8 +196,8 @@ async def test_a_batch_that_fails_is_split_and_the_rest_recorded(
                  " SELECT 'B' || g, 'c', 1 FROM generate_series(1, 3) g")
     settings = make_settings(db_url)
     async with open_pool(db_url) as pool:
-        await drain_outbox(pool, 1000)
-        claims = await delivery.claim(pool, limit=100, per_target=100, busy={}, lease=60.0,
+        await drain_outbox(Store(pool), 1000)
+        claims = await delivery.claim(Store(pool), limit=100, per_target=100, busy={}, lease=60.0,
                                       scan=100)
         assert len(claims) == 9
         outcomes = [delivery.decide(c, settings, status=500, retry_after=None,
@@ -204,7 +206,7 @@ async def test_a_batch_that_fails_is_split_and_the_rest_recorded(
         # A value Postgres refuses, whatever the text cleaning does (a next attempt past
         # the end of time): it fails its batch, every time.
         outcomes[4] = dataclasses.replace(outcomes[4], retry_in=1e300)
-        recorder = Recorder(pool)
+        recorder = Recorder(Store(pool))
         for o in outcomes:
             recorder.add(o)
         recorder.close()

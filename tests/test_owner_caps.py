@@ -12,6 +12,7 @@ from aiohttp import web
 from psycopg_pool import AsyncConnectionPool
 
 from service.config import ConfigError, Settings
+from service.store import Store
 from service.worker.delivery import claim
 from service.worker.fanout import drain_outbox
 from tests.support.receivers import Received, Receiver
@@ -32,8 +33,8 @@ async def test_claims_hold_the_per_owner_cap(pool: AsyncConnectionPool,
     other = subscribe(conn, "http://o.example/", events=["invoice.create"], owner="other")[0]
     conn.execute("INSERT INTO invoices (number, customer, amount)"
                  " SELECT 'C' || g, 'c', 1 FROM generate_series(1, 5) g")
-    await drain_outbox(pool, 1000)
-    got = await claim(pool, limit=100, per_target=2, busy={}, lease=60.0, scan=100,
+    await drain_outbox(Store(pool), 1000)
+    got = await claim(Store(pool), limit=100, per_target=2, busy={}, lease=60.0, scan=100,
                       per_owner=4)
     by_owner: dict[str, int] = {}
     for c in got:
@@ -42,10 +43,10 @@ async def test_claims_hold_the_per_owner_cap(pool: AsyncConnectionPool,
     assert all(c.subscription_id in greedy for c in got if c.owner == "greedy")
     # What the owner already has in flight counts; a saturated owner is skipped in the scan,
     # so the others' work behind its queue is still found.
-    more = await claim(pool, limit=100, per_target=2, busy={other: 2}, lease=60.0, scan=5,
+    more = await claim(Store(pool), limit=100, per_target=2, busy={other: 2}, lease=60.0, scan=5,
                        per_owner=4, busy_owners={"greedy": 4, "other": 2})
     assert more == []
-    more = await claim(pool, limit=100, per_target=5, busy={other: 2}, lease=60.0, scan=5,
+    more = await claim(Store(pool), limit=100, per_target=5, busy={other: 2}, lease=60.0, scan=5,
                        per_owner=4, busy_owners={"greedy": 4, "other": 2})
     assert [c.owner for c in more] == ["other", "other"]
 

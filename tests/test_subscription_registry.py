@@ -11,6 +11,7 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
+from service.store import Store
 from service.worker.fanout import drain_outbox
 from tests.support.subscriptions import subscribe_many, subscribe_to
 from tests.support.worker import open_pool
@@ -79,7 +80,7 @@ async def test_a_change_committed_while_paused_is_never_delivered(
     conn.execute("UPDATE webhooks.subscriptions SET active = true WHERE id = %s", (sub,))
     insert_invoice(conn, "after resume")
     # No worker ran meanwhile: fan-out sees all three at once, after the resume.
-    await drain_outbox(pool, 100)
+    await drain_outbox(Store(pool), 100)
     assert delivered_numbers(conn, sub) == ["after resume"]
     assert delivered_numbers(conn, other) == ["before pause", "while paused", "after resume"]
 
@@ -90,7 +91,7 @@ async def test_a_change_committed_before_a_subscription_existed_is_not_delivered
     insert_invoice(conn, "old")
     late = subscribe_to(conn, "invoices", ["invoice.create"])
     insert_invoice(conn, "new")
-    await drain_outbox(pool, 100)
+    await drain_outbox(Store(pool), 100)
     assert delivered_numbers(conn, late) == ["new"]
 
 
@@ -108,7 +109,7 @@ async def test_settling_waits_for_writers_that_probed_before_the_subscription(
     assert conn.execute("SELECT webhooks.settle_subscription(%s, '5s')",
                         (sub,)).fetchone() == (True,)
     insert_invoice(conn, "after")
-    await drain_outbox(pool, 100)
+    await drain_outbox(Store(pool), 100)
     # The writer committed before the subscription was settled: its changes count as
     # before the subscription, consistently (none was captured, none is owed).
     assert delivered_numbers(conn, sub) == ["after"]
@@ -123,7 +124,7 @@ async def test_a_transaction_older_than_the_subscription_is_captured_when_it_wri
                             (sub,)).fetchone() == (True,)
         insert_invoice(writer, "written after")
         writer.commit()
-    await drain_outbox(pool, 100)
+    await drain_outbox(Store(pool), 100)
     assert delivered_numbers(conn, sub) == ["written after"]
 
 
@@ -151,7 +152,7 @@ async def test_fan_out_matches_tenants_through_the_index(
     mine = subscribe_to(conn, "invoices", ["invoice.create"], tenant="acme")
     everyone = subscribe_to(conn, "invoices", ["invoice.create"])
     insert_invoice(conn, "acme's")
-    await drain_outbox(pool, 100)
+    await drain_outbox(Store(pool), 100)
     assert delivered_numbers(conn, mine) == ["acme's"]
     assert delivered_numbers(conn, everyone) == ["acme's"]
     assert conn.execute("SELECT count(*) FROM webhooks.deliveries").fetchone() == (2,)

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from service.commands.status import collect, render
-from service.worker import delivery, listener
+from service.worker import listener, pruning, recorder, supervise
 from service.worker import loop as worker
 from service.worker.loop import open_worker
 from tests.support.receivers import Receiver
@@ -53,15 +53,15 @@ async def test_crashed_tasks_are_restarted_counted_and_shown(
         caplog: pytest.LogCaptureFixture) -> None:
     conn = health
     caplog.set_level(logging.ERROR, logger="webhooks.worker")
-    monkeypatch.setattr(worker, "RESTART_MIN", 0.05, raising=False)
-    monkeypatch.setattr(worker, "PRUNE_EVERY", 0.05)
+    monkeypatch.setattr(supervise, "RESTART_MIN", 0.05, raising=False)
+    monkeypatch.setattr(pruning, "PRUNE_EVERY", 0.05)
     crash_first(monkeypatch, listener.Listener, "_listen_once", 2, "listener bug")
-    crash_first(monkeypatch, delivery.Recorder, "_write", 1, "recorder bug")
+    crash_first(monkeypatch, recorder.Recorder, "_write", 1, "recorder bug")
 
     async def broken_prune(pool: object, retention: float) -> int:
         raise RuntimeError("pruner bug")
 
-    monkeypatch.setattr(worker, "prune", broken_prune)
+    monkeypatch.setattr(pruning, "prune", broken_prune)
     receiver = await Receiver().start()
     try:
         subscribe(conn, receiver.url)
@@ -103,7 +103,7 @@ async def test_crashed_tasks_are_restarted_counted_and_shown(
 async def test_a_crash_in_the_claim_loop_does_not_stop_the_worker(
         db_url: str, health: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
     conn = health
-    monkeypatch.setattr(worker, "RESTART_MIN", 0.05, raising=False)
+    monkeypatch.setattr(supervise, "RESTART_MIN", 0.05, raising=False)
     crash_first(monkeypatch, worker.Worker, "_step", 3, "loop bug")
     receiver = await Receiver().start()
     try:
@@ -122,7 +122,7 @@ async def test_a_crash_in_the_claim_loop_does_not_stop_the_worker(
 async def test_the_worker_runs_without_the_health_table(
         db_url: str, conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
     conn.execute("DROP TABLE IF EXISTS webhooks.worker_tasks")
-    monkeypatch.setattr(worker, "RESTART_MIN", 0.05, raising=False)
+    monkeypatch.setattr(supervise, "RESTART_MIN", 0.05, raising=False)
     crash_first(monkeypatch, listener.Listener, "_listen_once", 1, "listener bug")
     receiver = await Receiver().start()
     try:

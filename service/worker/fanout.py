@@ -5,26 +5,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import psycopg
 from psycopg.rows import class_row
-from psycopg_pool import AsyncConnectionPool
 
-from service.db import query
+from service.store import Store, StoreRejected
 
 log = logging.getLogger("webhooks.fanout")
 
 # Held (per transaction) by the one worker fanning out at a time: see the fanout query.
 FANOUT_LOCK = 0x77686B66  # "whkf"
-
-# Errors of the data (SQLSTATE classes 22 and 54), not of the connection or the query: a
-# change PostgreSQL cannot turn into an event. They make fan-out retry carefully instead
-# of failing the same batch forever; any other error leaves the outbox as it is.
-DATA_ERROR_CLASSES = ("22", "54")
-
-
-def _data_error(exc: psycopg.Error) -> bool:
-    return (exc.sqlstate or "")[:2] in DATA_ERROR_CLASSES
-
 
 @dataclass(frozen=True)
 class FanoutBatch:
@@ -41,40 +29,39 @@ class FanoutBatch:
 DEFAULT_MAX_ROW_BYTES = 256 * 1024
 
 
-async def _fan_out(pool: AsyncConnectionPool, limit: int, max_row_bytes: int,
+async def _fan_out(store: Store, limit: int, max_row_bytes: int,
                    careful: bool) -> FanoutBatch:
-    async with pool.connection() as conn:
-        cur = conn.cursor(row_factory=class_row(FanoutBatch))
-        await cur.execute(query("fanout"), {"lock_key": FANOUT_LOCK, "limit": limit,
-                                            "max_row_bytes": max_row_bytes,
-                                            "careful": careful})
-        row = await cur.fetchone()
+    row = await store.one("fanout", {"lock_key": FANOUT_LOCK, "limit": limit,
+                                     "max_row_bytes": max_row_bytes, "careful": careful},
+                          row=class_row(FanoutBatch))
     assert row is not None
     return row
 
 
-async def fan_out_batch(pool: AsyncConnectionPool, limit: int,
+async def fan_out_batch(store: Store, limit: int,
                         max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> FanoutBatch:
     """Moves up to `limit` outbox rows to events and deliveries, in one transaction.
 
     A batch that fails on its data is done again carefully: changes that cannot become
     events are set aside with their reason, and the others go on. If even that fails, the
     first statement of the outbox is set aside whole, so one row never stops the queue.
+
+    Errors of the data (SQLSTATE classes 22 and 54: a change PostgreSQL cannot turn into
+    an event) are the ones retried carefully; any other error leaves the outbox as it is.
     """
     reason = ""
     for size, careful in ((limit, False), (limit, True), (1, True)):
         try:
-            return await _fan_out(pool, size, max_row_bytes, careful=careful)
-        except psycopg.Error as exc:
-            if not _data_error(exc):
+            return await _fan_out(store, size, max_row_bytes, careful=careful)
+        except StoreRejected as exc:
+            if not exc.data_error:
                 raise
-            reason = f"{type(exc).__name__}: {exc}"
+            # Named after PostgreSQL's error (InvalidTextRepresentation...), not the store's.
+            reason = f"{type(exc.__cause__ or exc).__name__}: {exc}"
             log.warning("fan-out of %d outbox row(s) failed on its data (%s)%s", size, reason,
                         "" if careful else "; retrying change by change")
-    async with pool.connection() as conn:
-        cur = await conn.execute(query("fanout_reject_first"),
-                                 {"lock_key": FANOUT_LOCK, "reason": reason[:4096]})
-        rejected = cur.rowcount
+    rejected = await store.run("fanout_reject_first",
+                               {"lock_key": FANOUT_LOCK, "reason": reason[:4096]})
     log.error("a captured statement could not be fanned out and was set aside "
               "(webhooks.rejected_changes): %s", reason)
     return FanoutBatch(locked=True, taken=max(rejected, 0), changes=0, created=0,
@@ -92,12 +79,12 @@ class Drained:
     locked: bool = True  # False when another worker held the fan-out lock
 
 
-async def drain_outbox(pool: AsyncConnectionPool, batch_size: int,
+async def drain_outbox(store: Store, batch_size: int,
                        max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> Drained:
     """Fans out batches until the outbox is empty (or another worker is doing it)."""
     done = Drained()
     while True:
-        batch = await fan_out_batch(pool, batch_size, max_row_bytes)
+        batch = await fan_out_batch(store, batch_size, max_row_bytes)
         done.taken += batch.taken
         done.changes += batch.changes
         done.created += batch.created

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from service.db import query
+from service.store import Session, StoreError, translated
 
 log = logging.getLogger("webhooks.listener")
 
@@ -43,7 +43,7 @@ class Listener:
             while True:
                 try:
                     await self._listen_once()
-                except (psycopg.Error, OSError) as exc:
+                except StoreError as exc:
                     log.warning("LISTEN connection lost, reconnecting: %s", exc)
                 if self.connected.is_set():
                     # It was up: this is a fresh failure, so start the backoff over.
@@ -56,16 +56,18 @@ class Listener:
             self.pid = None
 
     async def _listen_once(self) -> None:
-        conn = await psycopg.AsyncConnection.connect(
-            self._url, autocommit=True, application_name=APPLICATION_NAME,
-            # Notice a silently dead peer (a cable, a NAT) rather than wait forever.
-            keepalives=1, keepalives_idle=30, keepalives_interval=10, keepalives_count=3,
-        )
-        async with conn:
-            await conn.execute(query("listen"))
-            self.pid = conn.info.backend_pid
-            self.connections += 1
-            self.connected.set()
-            self._wake()  # anything committed while we were not listening
-            async for _ in conn.notifies():
-                self._wake()
+        """Connects, listens and wakes the worker until the connection breaks (StoreError)."""
+        with translated():
+            conn = await psycopg.AsyncConnection.connect(
+                self._url, autocommit=True, application_name=APPLICATION_NAME,
+                # Notice a silently dead peer (a cable, a NAT) rather than wait forever.
+                keepalives=1, keepalives_idle=30, keepalives_interval=10, keepalives_count=3,
+            )
+            async with conn:
+                await Session(conn).run("listen")
+                self.pid = conn.info.backend_pid
+                self.connections += 1
+                self.connected.set()
+                self._wake()  # anything committed while we were not listening
+                async for _ in conn.notifies():
+                    self._wake()

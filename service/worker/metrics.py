@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 
-import psycopg
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from psycopg_pool import AsyncConnectionPool
+from psycopg.rows import tuple_row
 
-from service.db import query
+from service.store import Store, StoreError
 
 log = logging.getLogger("webhooks.metrics")
 
@@ -22,6 +22,20 @@ TASKS = ("listener", "recorder", "pruner", "loop")
 
 ATTEMPT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0, 30.0)
+
+
+@dataclass
+class WorkerStats:
+    """Counters of one worker, for logs and tests."""
+
+    fanned_out: int = 0
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    failed: int = 0
+    released: int = 0
+    db_errors: int = 0
+    disarmed: int = 0  # times a backlog made the worker stop asking for NOTIFY
 
 
 class WorkerMetrics:
@@ -56,11 +70,9 @@ class WorkerMetrics:
         self.deliveries.labels("retry" if outcome == "pending" else outcome).inc()
         self.attempt_seconds.observe(duration_ms / 1000.0)
 
-    async def refresh(self, pool: AsyncConnectionPool) -> None:
+    async def refresh(self, store: Store) -> None:
         """Reads the queue gauges from the database."""
-        async with pool.connection() as conn:
-            cur = await conn.execute(query("metrics_gauges"))
-            row = await cur.fetchone()
+        row = await store.one("metrics_gauges", row=tuple_row)
         if row is not None:
             due, oldest, outbox, lag = row
             self.due.set(due)
@@ -68,12 +80,12 @@ class WorkerMetrics:
             self.outbox_statements.set(outbox)
             self.outbox_lag.set(float(lag))
 
-    async def refresh_loop(self, pool: AsyncConnectionPool, every: float = 5.0) -> None:
+    async def refresh_loop(self, store: Store, every: float = 5.0) -> None:
         """Refreshes the gauges until cancelled; database errors only skip a round."""
         while True:
             try:
-                await self.refresh(pool)
-            except (psycopg.Error, OSError) as exc:
+                await self.refresh(store)
+            except StoreError as exc:
                 log.warning("metrics refresh failed: %s", exc)
             await asyncio.sleep(every)
 

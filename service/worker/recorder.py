@@ -1,0 +1,138 @@
+"""The recorder: finished attempts are written in batches, one batch at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Sequence
+
+from service.logs import redact
+from service.outcomes import Answer, classify
+from service.store import Store, StoreError, StoreUnavailable
+from service.worker.delivery import Outcome, pg_text
+
+log = logging.getLogger("webhooks.delivery")
+
+
+async def record(store: Store, outcomes: Sequence[Outcome]) -> None:
+    """Writes a batch of outcomes in one transaction: deliveries, attempts, subscriptions.
+
+    Error texts (a target's bytes, library messages) pass pg_text() here, the one place
+    where text bound for Postgres is made storable.
+    """
+    params = {"batch": json.dumps([
+        [o.claim.id, o.claim.attempts, o.claim.subscription_id, o.status, o.outcome,
+         o.retry_in, o.attempted_at.timestamp(), o.duration_ms, pg_text(o.error)]
+        for o in outcomes])}
+    gone = sorted({o.claim.subscription_id for o in outcomes
+                   if classify(o.status) is Answer.GONE})
+    async with store.transaction() as s:
+        await s.run("record", params)
+        if gone:
+            await s.run("stop_gone", {"subscription_ids": gone})
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether a failed write says the database is unreachable or busy (worth retrying the
+    same statement later), not that this statement's data is refused."""
+    if isinstance(exc, StoreUnavailable):
+        return True
+    if not isinstance(exc, StoreError):
+        return False
+    # Connection, resources, shutdown, serialization and deadlock, system errors: the
+    # same statement may pass later.
+    return (exc.sqlstate or "").startswith(("08", "53", "57P", "40", "58"))
+
+
+class Recorder:
+    """Collects finished attempts and writes them in batches, one batch at a time.
+
+    While a batch is being written the next one accumulates, so under load each statement
+    records many attempts, and when idle each is recorded at once. A batch the database
+    refuses (not a lost connection: bad data) is split in halves until the outcomes that
+    can be written are; a single outcome that is still refused is logged and dropped (its
+    delivery comes due again when its lease expires), so no outcome can wedge the others.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._pending: list[Outcome] = []
+        self._writing: list[Outcome] = []  # taken for the write under way
+        self._ready = asyncio.Event()
+        self._closing = False
+        self.recorded = 0
+        self.dropped = 0
+
+    def add(self, outcome: Outcome) -> None:
+        """Queues one outcome for the next batch."""
+        self._pending.append(outcome)
+        self._ready.set()
+
+    @property
+    def backlog(self) -> int:
+        """Outcomes not yet written."""
+        return len(self._pending) + len(self._writing)
+
+    async def run(self) -> None:
+        """Writes batches until close(). While the database is unreachable the same outcomes
+        are retried with backoff; refused ones are split and, alone, dropped.
+
+        Safe to call again after it raised (a supervisor restarting it): a batch that was
+        being written is queued again first.
+        """
+        if self._writing:
+            self._pending[:0] = self._writing
+            self._writing = []
+        backoff = 0.05
+        while True:
+            if not self._pending:
+                if self._closing:
+                    return
+                self._ready.clear()
+                await self._ready.wait()
+                continue
+            self._writing, self._pending = self._pending, []
+            left = await self._write(self._writing)
+            self._writing = []
+            if not left:
+                backoff = 0.05
+                continue
+            # Unrecorded attempts are retried by lease expiry at worst; keep trying.
+            self._pending[:0] = left
+            if self._closing and backoff > 2.0:
+                return
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    async def _write(self, batch: list[Outcome]) -> list[Outcome]:
+        """Writes `batch`, halving refused parts; returns what is left unwritten because the
+        database could not be reached (empty when everything was written or dropped)."""
+        chunks = [batch]  # a stack: the first half of a split is written first
+        while chunks:
+            chunk = chunks.pop()
+            try:
+                await record(self._store, chunk)
+            except Exception as exc:
+                if unreachable(exc):
+                    log.warning("recording %d attempts failed, will retry: %s",
+                                sum(map(len, chunks)) + len(chunk), exc)
+                    return chunk + [o for rest in reversed(chunks) for o in rest]
+                if len(chunk) > 1:
+                    half = len(chunk) // 2
+                    chunks += [chunk[half:], chunk[:half]]
+                    continue
+                (o,) = chunk
+                self.dropped += 1
+                log.error("the attempt of delivery %d cannot be recorded and is dropped; its "
+                          "lease brings the delivery back: %s", o.claim.id, redact(str(exc)),
+                          extra={"delivery_id": o.claim.id,
+                                 "subscription_id": o.claim.subscription_id})
+            else:
+                self.recorded += len(chunk)
+        return []
+
+    def close(self) -> None:
+        """Asks run() to return once everything queued is written."""
+        self._closing = True
+        self._ready.set()
