@@ -1,0 +1,114 @@
+"""Slots and isolation (service/worker/slots.py), without a database."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from service.outcomes import Answer, classify
+from service.worker.delivery import Claim
+from service.worker.slots import Slots, saturated, saturated_owners
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+_ids = iter(range(1, 10_000))
+
+
+def claim(subscription_id: int, owner: str = "o") -> Claim:
+    return Claim(id=next(_ids), attempts=1, subscription_id=subscription_id, owner=owner,
+                 active=True, target="http://t.example/", secret="s", event="x.create",
+                 body="{}", due=NOW)
+
+
+def slots(concurrency: int = 8, per_target: int = 2, per_owner: int | None = None,
+          batch_size: int = 100, slow_after: float = 1.0) -> Slots:
+    return Slots(concurrency, per_target=per_target, per_owner=per_owner,
+                 batch_size=batch_size, slow_after=slow_after)
+
+
+def test_caps_default_to_half_the_slots_per_owner_and_a_quarter_to_claim() -> None:
+    s = slots(concurrency=8)
+    assert s.per_owner == 4 and s.claim_min == 2
+    assert slots(concurrency=1).per_owner == 1
+    assert slots(concurrency=8, per_owner=3).per_owner == 3
+    assert slots(concurrency=0).concurrency == 1
+
+
+def test_wanted_waits_for_a_quarter_of_the_slots() -> None:
+    s = slots(concurrency=8, batch_size=5)
+    assert s.wanted() == 5  # idle: up to a batch
+    taken = [claim(n) for n in range(7)]
+    for c in taken:
+        s.take(c, 0.0)
+    assert s.wanted() == 0  # one free slot, fewer than claim_min (2)
+    s.handed_over(taken[0])
+    assert s.wanted() == 2
+    for c in taken[1:]:
+        s.handed_over(c)
+    assert s.wanted() == 5
+
+
+def test_counts_per_subscription_and_owner_come_and_go() -> None:
+    s = slots(per_target=2, per_owner=3)
+    a1, a2, b1 = claim(1, "alice"), claim(1, "alice"), claim(2, "alice")
+    for c in (a1, a2, b1):
+        s.take(c, 0.0)
+    assert s.busy == {1: 2, 2: 1} and s.busy_owners == {"alice": 3}
+    assert s.saturated() == [1] and s.saturated_owners() == ["alice"]
+    s.free(a1)
+    assert s.busy == {1: 1, 2: 1} and s.saturated() == [] and s.saturated_owners() == []
+    s.free(a2)
+    s.free(b1)
+    assert s.busy == {} and s.busy_owners == {}
+
+
+def test_a_struggling_target_is_degraded_until_it_succeeds() -> None:
+    s = slots(per_target=3)
+    c = claim(5)
+    s.take(c, 0.0)
+    for status in (0, 429, 500, 503, 599):
+        s.degraded.clear()
+        s.answered(5, status)
+        assert s.degraded == {5}, status
+        assert s.saturated() == [5]  # one in flight is its cap now
+    for status in (400, 404, 410, 301):
+        s.answered(5, status)
+        assert s.degraded == {5}, status  # neither struggling nor a success: unchanged
+    s.answered(5, 204)
+    assert s.degraded == set()
+    assert s.saturated() == []
+
+
+def test_an_attempt_in_flight_too_long_degrades_its_subscription() -> None:
+    s = slots(slow_after=1.0)
+    s.take(claim(1), 10.0)
+    s.take(claim(2), 10.5)
+    s.mark_slow(11.2)
+    assert s.degraded == {1}
+
+
+def test_shutdown_takes_what_is_still_in_flight() -> None:
+    s = slots()
+    done, left = claim(1), claim(2)
+    s.take(done, 0.0)
+    s.take(left, 0.0)
+    s.handed_over(done)
+    assert s.leftover() == [left]
+    assert s.inflight == {}
+
+
+def test_saturation_helpers() -> None:
+    assert saturated({1: 2, 2: 1, 3: 1}, 2, degraded={3}) == [1, 3]
+    assert saturated_owners({"a": 4, "b": 1}, 4) == ["a"]
+    assert saturated_owners({"a": 4}, None) == []
+
+
+@pytest.mark.parametrize(("status", "answer"), [
+    (0, Answer.NO_ANSWER), (200, Answer.SUCCESS), (299, Answer.SUCCESS),
+    (301, Answer.REDIRECT), (400, Answer.REFUSED), (410, Answer.GONE),
+    (429, Answer.THROTTLED), (503, Answer.UNAVAILABLE), (500, Answer.SERVER_ERROR),
+    (101, Answer.REFUSED),
+])
+def test_the_outcome_classifier(status: int, answer: Answer) -> None:
+    assert classify(status) is answer
+    assert answer.honours_retry_after == (status in (429, 503))
