@@ -483,30 +483,57 @@ BEGIN
 END
 $$;
 
+-- Statement-level, with transition tables: a statement that writes 100,000 subscriptions
+-- adjusts each count of webhooks.wanted_events once (row by row, every row of one
+-- transaction would add a version of the same count row, and each would walk them all).
+-- `gone` holds the rows as they were (UPDATE, DELETE), `came` as they are (INSERT, UPDATE).
 CREATE OR REPLACE FUNCTION webhooks.subscription_registry() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_changed bigint[];
 BEGIN
-    IF TG_OP IN ('UPDATE', 'DELETE') THEN
-        WITH gone AS (
-            DELETE FROM webhooks.subscription_events e WHERE e.subscription_id = OLD.id
-            RETURNING e.resource, e.event
-        )
-        UPDATE webhooks.wanted_events w SET subscriptions = w.subscriptions - 1
-          FROM gone g WHERE w.resource = g.resource AND w.event = g.event;
+    IF TG_OP = 'UPDATE' THEN
+        -- Most updates (the worker's last_* fields) change nothing the registry holds.
+        SELECT array_agg(o.id) INTO v_changed
+          FROM gone o JOIN came n ON n.id = o.id
+         WHERE (o.active, o.events, o.resource, o.tenant, o.active_since::text)
+               IS DISTINCT FROM (n.active, n.events, n.resource, n.tenant, n.active_since::text);
+        IF v_changed IS NULL THEN
+            RETURN NULL;
+        END IF;
     END IF;
-    IF TG_OP IN ('INSERT', 'UPDATE') AND NEW.active THEN
-        WITH added AS (
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        WITH unwanted AS (
+            SELECT o.id, e.event, o.resource
+              FROM gone o
+             CROSS JOIN LATERAL (SELECT DISTINCT x AS event FROM unnest(o.events) AS x) e
+             WHERE o.active AND (v_changed IS NULL OR o.id = ANY (v_changed))
+        ), removed AS (
+            DELETE FROM webhooks.subscription_events s USING unwanted u
+             WHERE s.subscription_id = u.id AND s.event = u.event
+        )
+        UPDATE webhooks.wanted_events w SET subscriptions = w.subscriptions - c.n
+          FROM (SELECT u.resource, u.event, count(*) AS n FROM unwanted u
+                 GROUP BY u.resource, u.event) c
+         WHERE w.resource = c.resource AND w.event = c.event;
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        WITH wants AS (
+            SELECT n.id, e.event, n.resource, n.tenant, n.active_since
+              FROM came n
+             CROSS JOIN LATERAL (SELECT DISTINCT x AS event FROM unnest(n.events) AS x) e
+             WHERE n.active AND (v_changed IS NULL OR n.id = ANY (v_changed))
+        ), added AS (
             INSERT INTO webhooks.subscription_events (subscription_id, event, resource,
                                                       tenant, active_since)
-            SELECT NEW.id, e.event, NEW.resource, NEW.tenant, NEW.active_since
-              FROM (SELECT DISTINCT x AS event FROM unnest(NEW.events) AS x) e
-            RETURNING resource, event
+            SELECT w2.id, w2.event, w2.resource, w2.tenant, w2.active_since FROM wants w2
         )
         INSERT INTO webhooks.wanted_events AS w (resource, event, subscriptions)
-        SELECT a.resource, a.event, 1 FROM added a
-            ON CONFLICT (resource, event) DO UPDATE SET subscriptions = w.subscriptions + 1;
+        SELECT w2.resource, w2.event, count(*) FROM wants w2 GROUP BY w2.resource, w2.event
+            ON CONFLICT (resource, event) DO UPDATE
+           SET subscriptions = w.subscriptions + excluded.subscriptions;
     END IF;
-    RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD END;
+    RETURN NULL;
 END
 $$;
 
@@ -516,20 +543,16 @@ CREATE TRIGGER subscriptions_1_activated BEFORE UPDATE ON webhooks.subscriptions
     EXECUTE FUNCTION webhooks.subscription_activated();
 DROP TRIGGER IF EXISTS subscriptions_2_registry_insert ON webhooks.subscriptions;
 CREATE TRIGGER subscriptions_2_registry_insert AFTER INSERT ON webhooks.subscriptions
-    FOR EACH ROW EXECUTE FUNCTION webhooks.subscription_registry();
--- BEFORE DELETE, so that the counts go down before the foreign key's cascade removes the
--- registry rows.
-DROP TRIGGER IF EXISTS subscriptions_4_registry_delete ON webhooks.subscriptions;
-CREATE TRIGGER subscriptions_4_registry_delete BEFORE DELETE ON webhooks.subscriptions
-    FOR EACH ROW EXECUTE FUNCTION webhooks.subscription_registry();
+    REFERENCING NEW TABLE AS came
+    FOR EACH STATEMENT EXECUTE FUNCTION webhooks.subscription_registry();
 DROP TRIGGER IF EXISTS subscriptions_3_registry_update ON webhooks.subscriptions;
 CREATE TRIGGER subscriptions_3_registry_update AFTER UPDATE ON webhooks.subscriptions
-    FOR EACH ROW WHEN (OLD.active IS DISTINCT FROM NEW.active
-                       OR OLD.events IS DISTINCT FROM NEW.events
-                       OR OLD.resource IS DISTINCT FROM NEW.resource
-                       OR OLD.tenant IS DISTINCT FROM NEW.tenant
-                       OR OLD.active_since::text IS DISTINCT FROM NEW.active_since::text)
-    EXECUTE FUNCTION webhooks.subscription_registry();
+    REFERENCING OLD TABLE AS gone NEW TABLE AS came
+    FOR EACH STATEMENT EXECUTE FUNCTION webhooks.subscription_registry();
+DROP TRIGGER IF EXISTS subscriptions_4_registry_delete ON webhooks.subscriptions;
+CREATE TRIGGER subscriptions_4_registry_delete AFTER DELETE ON webhooks.subscriptions
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT EXECUTE FUNCTION webhooks.subscription_registry();
 
 
 -- Makes a subscription that was just made active exact: waits (up to `timeout`) until
