@@ -213,3 +213,8 @@ LANGUAGE sql STABLE AS $$
                                               'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
         'last_failure_content', s.last_failure_content)::pg_catalog.text
 $$;
+
+-- The delivery log (SPEC section 7): a subscription's deliveries, newest first, a page at
+-- a time (`before=<id>`): a backward scan of this index, however many deliveries the
+-- subscription has.
+CREATE INDEX deliveries_log_idx ON webhooks.deliveries (subscription_id, id);
