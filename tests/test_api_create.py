@@ -96,12 +96,9 @@ async def test_handshake_failures_are_400_and_store_nothing(api: Api) -> None:
     await failed_handshake(api, silent, "did not echo")
     await failed_handshake(api, status(200, {"X-Hook-Secret": "whsec_other"}), "differs")
     await failed_handshake(api, status(500), "HTTP 500")
-    other = await Receiver().start()
-    try:
+    async with Receiver() as other:
         await failed_handshake(api, status(301, {"Location": other.url}), "redirect (301")
         assert other.received == []
-    finally:
-        await other.stop()
     await failed_handshake(api, echo_secret, "refused",
                            target=f"http://127.0.0.1:{closed_port()}/hook")
 

@@ -24,8 +24,7 @@ async def wait_for_attempt(conn: psycopg.Connection, sid: int, timeout: float = 
                                   "2130706433", "0x7f.0.0.1"])
 async def test_private_targets_are_refused_at_delivery(db_url: str, conn: psycopg.Connection,
                                                        host: str) -> None:
-    receiver = await Receiver().start()
-    try:
+    async with Receiver() as receiver:
         port = receiver.url.split(":")[-1].split("/")[0]
         # Stored directly: as if its DNS answer changed to a private address after the
         # handshake, or the guard was off when it was created.
@@ -44,18 +43,13 @@ async def test_private_targets_are_refused_at_delivery(db_url: str, conn: psycop
             # What a name resolves to is never told: no internal-DNS oracle.
             assert "127.0.0.1" not in content and "::1" not in content, content
         assert receiver.received == []
-    finally:
-        await receiver.stop()
 
 
 async def test_the_same_target_is_delivered_when_private_targets_are_allowed(
         db_url: str, conn: psycopg.Connection) -> None:
-    receiver = await Receiver().start()
-    try:
+    async with Receiver() as receiver:
         sid, _ = subscribe(conn, receiver.url.replace("127.0.0.1", "localhost"))
         async with running_worker(db_url, allow_private_targets=True):
             add_invoice(conn, "SSRF-2")
             await receiver.wait_for(lambda r: len(r.deliveries()) == 1)
         assert subscription(conn, sid)["last_status"] == 200
-    finally:
-        await receiver.stop()

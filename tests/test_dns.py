@@ -63,8 +63,7 @@ async def test_check_target_lookup_is_bounded(silent_nameserver: str) -> None:
 
 async def test_delivery_with_a_hanging_name_server(db_url: str, conn: psycopg.Connection,
                                                    silent_nameserver: str) -> None:
-    receiver = await Receiver().start()
-    try:
+    async with Receiver() as receiver:
         port = receiver.url.split(":")[-1].split("/")[0]
         slow, _ = subscribe(conn, f"http://never.hangs.example:{port}/hook", owner="a")
         by_name, _ = subscribe(conn, f"http://localhost:{port}/by-name", owner="b")
@@ -81,8 +80,6 @@ async def test_delivery_with_a_hanging_name_server(db_url: str, conn: psycopg.Co
         row = subscription(conn, slow)
         assert row["last_status"] == 0
         assert "no answer within 0.5s" in row["last_failure_content"]
-    finally:
-        await receiver.stop()
 
 
 def test_dns_settings() -> None:

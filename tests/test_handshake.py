@@ -78,14 +78,11 @@ async def test_status_other_than_200(receiver: Receiver, client: httpx.AsyncClie
 
 
 async def test_redirect_is_not_followed(receiver: Receiver, client: httpx.AsyncClient) -> None:
-    other = await Receiver().start()
-    try:
+    async with Receiver() as other:
         receiver.behaviour = status(302, {"Location": other.url})
         message = await failure(client, receiver.url)
         assert "redirect (302 to http://127.0.0.1" in message and "not followed" in message
         assert other.received == []
-    finally:
-        await other.stop()
 
 
 async def test_timeout(receiver: Receiver, client: httpx.AsyncClient) -> None:

@@ -125,8 +125,7 @@ def attempts_by_sub(conn: psycopg.Connection) -> dict[int, list[tuple[int, str |
 
 async def test_every_hostile_answer_is_recorded_and_healthy_work_flows(
         db_url: str, conn: psycopg.Connection) -> None:
-    healthy = await Receiver().start()
-    try:
+    async with Receiver() as healthy:
         async with raw_targets(POISON) as targets:
             subs = {subscribe(conn, t.url, events=["invoice.create"])[0]: name
                     for name, t in targets.items()}
@@ -160,22 +159,17 @@ async def test_every_hostile_answer_is_recorded_and_healthy_work_flows(
         gz = subscription(conn, next(s for s, n in subs.items() if n == "gzip"))
         # The compressed bytes are kept as they came (made printable), never inflated.
         assert "Internal error" not in gz["last_failure_content"]
-    finally:
-        await healthy.stop()
 
 
 async def test_deliveries_ask_for_no_compression(db_url: str, conn: psycopg.Connection
                                                  ) -> None:
-    receiver = await Receiver().start()
-    try:
+    async with Receiver() as receiver:
         subscribe(conn, receiver.url)
         async with running_worker(db_url):
             add_invoice(conn, "IDENTITY")
             await receiver.wait_for(lambda r: len(r.deliveries()) == 1)
         headers = {k.lower(): v for k, v in receiver.deliveries()[0].headers.items()}
         assert headers.get("accept-encoding") == "identity"
-    finally:
-        await receiver.stop()
 
 
 def test_pg_text_is_the_one_sanitizer() -> None:

@@ -14,8 +14,7 @@ from tests.support.worker import add_invoice, numbers, poll, running_worker
 
 async def test_worker_survives_statement_timeout(db_url: str, conn: psycopg.Connection
                                                  ) -> None:
-    receiver = await Receiver().start()
-    try:
+    async with Receiver() as receiver:
         subscribe(conn, receiver.url)
         add_invoice(conn, "ST-1")
         # The worker's own sessions cancel any statement after 300 ms.
@@ -28,14 +27,11 @@ async def test_worker_survives_statement_timeout(db_url: str, conn: psycopg.Conn
                 locker.rollback()  # the lock goes; the worker's next try gets through
                 await receiver.wait_for(lambda r: len(r.deliveries()) == 1)
         assert numbers(receiver.deliveries()) == ["ST-1"]
-    finally:
-        await receiver.stop()
 
 
 async def test_listen_connection_never_holds_a_transaction(db_url: str,
                                                            conn: psycopg.Connection) -> None:
-    receiver = await Receiver().start()
-    try:
+    async with Receiver() as receiver:
         subscribe(conn, receiver.url)
         async with running_worker(db_url):
             for i in range(20):
@@ -45,14 +41,11 @@ async def test_listen_connection_never_holds_a_transaction(db_url: str,
                     "AND query ILIKE 'LISTEN%'")]
                 assert states and all(s == "idle" for s in states), states
             await receiver.wait_for(lambda r: len(r.deliveries()) == 20)
-    finally:
-        await receiver.stop()
 
 
 async def test_capture_goes_on_while_the_service_is_down_and_drains_after(
         db_url: str, conn: psycopg.Connection) -> None:
-    receiver = await Receiver().start()
-    try:
+    async with Receiver() as receiver:
         subscribe(conn, receiver.url)
         for i in range(50):
             add_invoice(conn, f"D-{i}")
@@ -62,5 +55,3 @@ async def test_capture_goes_on_while_the_service_is_down_and_drains_after(
             await receiver.wait_for(lambda r: len(r.deliveries()) == 50)
         assert numbers(receiver.deliveries()) == [f"D-{i}" for i in range(50)]
         assert conn.execute("SELECT count(*) FROM webhooks.outbox").fetchone() == (0,)
-    finally:
-        await receiver.stop()

@@ -61,8 +61,7 @@ async def test_ssrf_address_forms_are_refused(db_url: str, host: str, fragment: 
 @pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
 @pytest.mark.parametrize("where", ["other", "http://169.254.169.254/latest/meta-data/"])
 async def test_handshake_redirects_are_never_followed(api: Api, code: int, where: str) -> None:
-    other = await Receiver().start()
-    try:
+    async with Receiver() as other:
         location = other.url if where == "other" else where
         api.receiver.behaviour = status(code, {"Location": location})
         response = await api.request("POST", "/api/v1/webhooks", json={
@@ -70,8 +69,6 @@ async def test_handshake_redirects_are_never_followed(api: Api, code: int, where
         assert_error(response, 400, f"redirect ({code}")
         assert other.received == [] and len(api.receiver.received) == 1
         assert api.sql("SELECT count(*) FROM webhooks.subscriptions") == [(0,)]
-    finally:
-        await other.stop()
 
 
 # --- isolation: owners and tenants never see each other's subscriptions -----------------

@@ -62,8 +62,7 @@ async def test_crashed_tasks_are_restarted_counted_and_shown(
         raise RuntimeError("pruner bug")
 
     monkeypatch.setattr(pruning, "prune", broken_prune)
-    receiver = await Receiver().start()
-    try:
+    async with Receiver() as receiver:
         subscribe(conn, receiver.url)
         async with open_worker(make_settings(db_url, poll_interval=30.0),
                                concurrency=4) as w:
@@ -82,8 +81,6 @@ async def test_crashed_tasks_are_restarted_counted_and_shown(
                 "SELECT task, restarts, last_error FROM webhooks.worker_tasks"
                 " WHERE worker = %s", (w.name,)).fetchall()}
         assert w.task_restarts["listener"] == 2 and w.task_restarts["recorder"] == 1
-    finally:
-        await receiver.stop()
     assert restarts_metric(metrics, "listener") == 2.0
     assert restarts_metric(metrics, "recorder") == 1.0
     assert restarts_metric(metrics, "pruner") >= 2.0
@@ -105,15 +102,12 @@ async def test_a_crash_in_the_claim_loop_does_not_stop_the_worker(
     conn = health
     monkeypatch.setattr(supervise, "RESTART_MIN", 0.05, raising=False)
     crash_first(monkeypatch, worker.Worker, "_step", 3, "loop bug")
-    receiver = await Receiver().start()
-    try:
+    async with Receiver() as receiver:
         subscribe(conn, receiver.url)
         async with open_worker(make_settings(db_url), concurrency=4) as w:
             add_invoice(conn, "LOOP-1")
             await receiver.wait_for(lambda r: len(r.deliveries()) == 1)
             assert w.task_restarts == {"loop": 3}
-    finally:
-        await receiver.stop()
     row = conn.execute("SELECT restarts, last_error FROM webhooks.worker_tasks"
                        " WHERE task = 'loop'").fetchone()
     assert row == (3, "RuntimeError: loop bug #3")
@@ -124,14 +118,11 @@ async def test_the_worker_runs_without_the_health_table(
     conn.execute("DROP TABLE IF EXISTS webhooks.worker_tasks")
     monkeypatch.setattr(supervise, "RESTART_MIN", 0.05, raising=False)
     crash_first(monkeypatch, listener.Listener, "_listen_once", 1, "listener bug")
-    receiver = await Receiver().start()
-    try:
+    async with Receiver() as receiver:
         subscribe(conn, receiver.url)
         async with open_worker(make_settings(db_url), concurrency=4) as w:
             await poll(lambda: w.listener.connected.is_set(), what="listener restarted")
             add_invoice(conn, "NOTABLE")
             await receiver.wait_for(lambda r: len(r.deliveries()) == 1)
             assert w.task_restarts == {"listener": 1}
-    finally:
-        await receiver.stop()
     assert collect(conn)["worker_tasks"] is None

@@ -30,8 +30,7 @@ async def test_idle_worker_arms_with_its_listener_pid_and_disarms_on_stop(
 
 async def test_notified_delivery_is_fast_when_armed(db_url: str,
                                                     conn: psycopg.Connection) -> None:
-    receiver = await Receiver().start()
-    try:
+    async with Receiver() as receiver:
         subscribe(conn, receiver.url)
         # A long poll interval: only the notification can make this quick.
         async with running_worker(db_url, poll_interval=30.0) as worker:
@@ -41,14 +40,11 @@ async def test_notified_delivery_is_fast_when_armed(db_url: str,
             add_invoice(conn, "FAST-1")
             await receiver.wait_for(lambda r: len(r.deliveries()) == 1, timeout=5)
             assert time.monotonic() - started < 2.0
-    finally:
-        await receiver.stop()
 
 
 async def test_a_backlog_disarms_and_the_worker_keeps_polling(
         db_url: str, conn: psycopg.Connection) -> None:
-    receiver = await Receiver().start()
-    try:
+    async with Receiver() as receiver:
         subscribe(conn, receiver.url)
         async with running_worker(db_url, poll_interval=30.0, batch_size=10) as worker:
             await poll(lambda: wakeup_pids(conn) == [worker.listener.pid])
@@ -65,5 +61,3 @@ async def test_a_backlog_disarms_and_the_worker_keeps_polling(
             # With nobody armed no NOTIFY is sent; the worker's 50 ms checks still find these.
             add_invoice(conn, "AFTER")
             await receiver.wait_for(lambda r: len(r.deliveries()) == 32, timeout=10)
-    finally:
-        await receiver.stop()

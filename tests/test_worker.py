@@ -104,8 +104,7 @@ async def test_include_row_false_has_no_resource(db_url: str, conn: psycopg.Conn
 
 async def test_rollback_noop_update_and_inactive_send_nothing(
         db_url: str, conn: psycopg.Connection, receiver: Receiver) -> None:
-    idle = await Receiver().start()
-    try:
+    async with Receiver() as idle:
         subscribe(conn, receiver.url)
         subscribe(conn, idle.url, active=False)
         invoice_id = add_invoice(conn, "BEFORE")  # before the worker: delivered first
@@ -123,14 +122,11 @@ async def test_rollback_noop_update_and_inactive_send_nothing(
         assert conn.execute("SELECT count(*) FROM webhooks.deliveries d JOIN"
                             " webhooks.subscriptions s ON s.id = d.subscription_id"
                             " WHERE NOT s.active").fetchone() == (0,)
-    finally:
-        await idle.stop()
 
 
 async def test_tenant_scoped_subscription_gets_only_its_tenant(
         db_url: str, conn: psycopg.Connection, receiver: Receiver) -> None:
-    everyone = await Receiver().start()
-    try:
+    async with Receiver() as everyone:
         subscribe(conn, receiver.url, tenant="acme")
         subscribe(conn, everyone.url)
         async with running_worker(db_url):
@@ -143,8 +139,6 @@ async def test_tenant_scoped_subscription_gets_only_its_tenant(
         assert numbers(receiver.deliveries()) == ["ACME-1", "ACME-2"]
         assert sorted(numbers(everyone.deliveries())) == ["ACME-1", "ACME-2",
                                                           "OTHER-1", "OTHER-2"]
-    finally:
-        await everyone.stop()
 
 
 async def test_encrypted_secret_signs_with_the_plain_one(

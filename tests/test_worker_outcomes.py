@@ -93,8 +93,7 @@ async def test_no_response_records_status_zero(db_url: str, conn: psycopg.Connec
 async def test_gone_deactivates_and_stops(db_url: str, conn: psycopg.Connection,
                                           receiver: Receiver) -> None:
     receiver.behaviour = status(410)
-    healthy = await Receiver().start()
-    try:
+    async with Receiver() as healthy:
         sid, _ = subscribe(conn, receiver.url)
         subscribe(conn, healthy.url)
         for n in range(3):
@@ -115,8 +114,6 @@ async def test_gone_deactivates_and_stops(db_url: str, conn: psycopg.Connection,
         rows = conn.execute("SELECT DISTINCT status FROM webhooks.deliveries"
                             " WHERE subscription_id = %s", (sid,)).fetchall()
         assert rows == [("failed",)]
-    finally:
-        await healthy.stop()
 
 
 async def test_retry_after_is_honoured(db_url: str, conn: psycopg.Connection,
