@@ -125,4 +125,3 @@ async def test_the_worker_runs_without_the_health_table(
             add_invoice(conn, "NOTABLE")
             await receiver.wait_for(lambda r: len(r.deliveries()) == 1)
             assert w.task_restarts == {"listener": 1}
-    assert collect(conn)["worker_tasks"] is None

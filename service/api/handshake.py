@@ -15,6 +15,7 @@ import secrets
 import httpx
 
 from service.http import read_limited
+from service.outcomes import Answer, classify
 
 SECRET_PREFIX = "whsec_"
 HEADER = "X-Hook-Secret"
@@ -47,7 +48,7 @@ def _cut(text: str) -> str:
 
 def _outcome(status: int, echoed: list[str], location: str | None, secret: str) -> str | None:
     """Why an answer fails the handshake, or None when it passes."""
-    if 300 <= status < 400:
+    if classify(status) is Answer.REDIRECT:
         where = f" to {_cut(location)}" if location else ""
         return (f"the target answered the verification request with a redirect ({status}"
                 f"{where}); redirects are not followed, so use the final URL as the target")
