@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEVDB := $(BIN)/python -m service.commands.devdb exec
 
-.PHONY: help install test lint run demo status bench bench-quick bench-tools chaos fuzz clean
+.PHONY: help install test test-unit lint run demo status bench bench-quick bench-tools chaos fuzz clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -25,6 +25,9 @@ install: $(STAMP) ## create .venv with the service and its dependencies
 
 test: install ## run the whole test suite against a real PostgreSQL
 	$(DEVDB) --shared-ok -- $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-unit: install ## the unit tests only: fast, no database needed
+	$(BIN)/python -m pytest -m unit $(PYTEST_ARGS)
 
 lint: install ## ruff, mypy and import-linter (the layers of service/)
 	$(BIN)/ruff check service tests bench

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from service.api.handshake import new_secret
+from tests.support import subscriptions
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -145,16 +145,8 @@ def subscribe(conn: psycopg.Connection[Any], resource: str, targets: Sequence[st
     """Inserts one active subscription per target directly (no handshake); returns ids."""
     noun = resource.rstrip("s") or resource
     names = list(events or [f"{noun}.create", f"{noun}.update", f"{noun}.delete"])
-    ids: list[int] = []
-    with conn.cursor() as cur:
-        for target in targets:
-            cur.execute("INSERT INTO webhooks.subscriptions (owner, resource, events, target, "
-                        "secret) VALUES (%s, %s, %s, %s, %s) RETURNING id",
-                        (owner, resource, names, target, new_secret()))
-            row = cur.fetchone()
-            assert row is not None
-            ids.append(row[0])
-    return ids
+    return [subscriptions.subscribe(conn, target, events=names, resource=resource,
+                                    owner=owner)[0] for target in targets]
 
 
 def insert_rows(conn: psycopg.Connection[Any], table: str, n: int) -> float:

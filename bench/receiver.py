@@ -19,6 +19,8 @@ from typing import IO, Any
 
 from aiohttp import web
 
+from tests.support import receivers
+
 
 @dataclass
 class Group:
@@ -94,11 +96,8 @@ def build_app(state: State) -> web.Application:
 
 async def serve(port: int) -> None:
     """Serves until the process is terminated."""
-    runner = web.AppRunner(build_app(State()), access_log=None, handle_signals=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port, backlog=1024)
-    await site.start()
-    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, bound = await receivers.serve(build_app(State()), port, backlog=1024,
+                                          handle_signals=True)
     print(bound, flush=True)
     try:
         await asyncio.Event().wait()

@@ -11,15 +11,14 @@ rounds' paired ratios.
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 from psycopg import sql
 
-from bench.capture import _TPS, pgbench_args
+from bench.capture import Config, run_pgbench
 from bench.common import Result, connect, create_table, median, ratio_result
 from bench.context import Context
+from tests.support.subscriptions import subscribe_many
 
 CROWDED, EMPTY = "scale_crowded", "scale_empty"
 ROWS = 1000
@@ -33,20 +32,6 @@ def _script(workdir: Path, table: str) -> Path:
     return path
 
 
-def _run(ctx: Context, script: Path, seconds: int) -> float:
-    args, env = pgbench_args(ctx.url)
-    env = {**os.environ, **env, "PGOPTIONS": "-c synchronous_commit=off"}
-    argv = ["pgbench", "-n", "-c", "2", "-j", "2", "-T", str(seconds), "-f", str(script),
-            *args]
-    out = subprocess.run(argv, capture_output=True, text=True, env=env,
-                         timeout=seconds + 60, start_new_session=True)
-    match = _TPS.search(out.stdout)
-    if out.returncode != 0 or not match:
-        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"pgbench failed: {tail}")
-    return float(match.group(1))
-
-
 def scenario(ctx: Context) -> list[Result]:
     """Capture with 100,000 subscriptions to other events vs. a table with none."""
     subscriptions = 20_000 if ctx.quick else 100_000
@@ -57,18 +42,17 @@ def scenario(ctx: Context) -> list[Result]:
             conn.execute(sql.SQL("INSERT INTO {} (a, b) SELECT g, 'x' "
                                  "FROM generate_series(1, %s) g").format(sql.Identifier(table)),
                          (ROWS,))
-        conn.execute(
-            "INSERT INTO webhooks.subscriptions (owner, tenant, resource, events, target, secret)"
-            " SELECT 'owner' || (i %% 1000), 'tenant' || i, %s, ARRAY[%s], "
-            "'http://127.0.0.1:9/', 'whsec_bench' FROM generate_series(1, %s) AS i",
-            (CROWDED, f"{CROWDED.rstrip('s')}.create", subscriptions))
+        subscribe_many(conn, subscriptions, resource=CROWDED,
+                       events=[f"{CROWDED.rstrip('s')}.create"], owners=1000, owner="owner",
+                       tenant="tenant", secret="whsec_bench")
         conn.execute("ANALYZE webhooks.subscription_events")
         conn.execute("TRUNCATE webhooks.outbox")
         scripts = {t: _script(ctx.procs.workdir, t) for t in (CROWDED, EMPTY)}
         runs: dict[str, list[float]] = {CROWDED: [], EMPTY: []}
         for r in range(rounds):
             for table in (CROWDED, EMPTY) if r % 2 == 0 else (EMPTY, CROWDED):
-                runs[table].append(_run(ctx, scripts[table], seconds))
+                runs[table].append(run_pgbench(ctx, Config(table, table, 1, False), seconds,
+                                               scripts[table]))
         row = conn.execute("SELECT count(*) FROM webhooks.outbox").fetchone()
         if row and row[0]:
             raise RuntimeError("updates nobody subscribes to wrote outbox rows")

@@ -32,8 +32,9 @@ from aiohttp import web
 from psycopg import sql
 
 from service import db
-from service.api.handshake import new_secret
 from service.commands import devdb
+from tests.support.receivers import Received, Receiver
+from tests.support.subscriptions import subscribe
 
 # Below the usual ephemeral range (32768-60999): a client socket that happens to hold the
 # port, even in TIME_WAIT, would keep the restarted server from binding it.
@@ -86,13 +87,12 @@ class Receipts:
     statuses: Counter[int] = field(default_factory=Counter)
 
 
-async def start_receivers(receipts: Receipts, rng: random.Random) -> tuple[web.AppRunner, str]:
-    """One aiohttp server; the path names the subscription and so its behaviour."""
+def receiver_for(receipts: Receipts, rng: random.Random) -> Receiver:
+    """One receiver; the path names the subscription and so its behaviour."""
     behaviours = {name: b for name, _, _, _, b, _ in SUBSCRIPTIONS}
 
-    async def handle(request: web.Request) -> web.Response:
-        name = request.match_info["name"]
-        body = await request.read()
+    async def handle(req: Received) -> web.StreamResponse:
+        name = req.path.lstrip("/")
         behaviour = behaviours.get(name, "ok")
         status = 200
         if behaviour == "flaky" and rng.random() < 0.2:
@@ -106,22 +106,15 @@ async def start_receivers(receipts: Receipts, rng: random.Random) -> tuple[web.A
         elif behaviour == "gone":
             status = 410
         receipts.statuses[status] += 1
-        if status == 200 and request.transport is not None:
-            event = json.loads(body)
+        if status == 200 and req.request is not None and req.request.transport is not None:
+            event = json.loads(req.body)
             row = event.get("resource") or {}
             key = (event["event"]["name"], str(event["event"]["resource_id"]),
                    row.get("version"))
             receipts.got.setdefault(name, []).append(key)
         return web.Response(status=status)
 
-    app = web.Application()
-    app.router.add_post("/{name}", handle)
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, f"http://127.0.0.1:{port}"
+    return Receiver(behaviour=handle, cancel_on_disconnect=True)
 
 
 class Writer:
@@ -266,14 +259,14 @@ async def chaos(seconds: float, writers: int, kills: int, seed: int) -> int:
     url = admin.rsplit("/", 1)[0] + "/chaos"
     db.migrate(url)
     receipts = Receipts()
-    runner, base = await start_receivers(receipts, rng)
+    receiver = await receiver_for(receipts, rng).start(path="")
+    base = receiver.url
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SET client_min_messages = warning")
         conn.execute(TABLES_SQL.encode())
         for name, resource, events, tenant, _, active in SUBSCRIPTIONS:
-            conn.execute("INSERT INTO webhooks.subscriptions (owner, tenant, resource, events, "
-                         "target, secret, active) VALUES ('chaos', %s, %s, %s, %s, %s, %s)",
-                         (tenant, resource, events, f"{base}/{name}", new_secret(), active))
+            subscribe(conn, f"{base}/{name}", events=events, resource=resource, tenant=tenant,
+                      active=active, owner="chaos")
 
     workers = [start_worker(url), start_worker(url)]
     deadline = time.monotonic() + seconds
@@ -335,7 +328,7 @@ async def chaos(seconds: float, writers: int, kills: int, seed: int) -> int:
                 w.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 os.killpg(w.pid, signal.SIGKILL)
-        await runner.cleanup()
+        await receiver.stop()
 
     with psycopg.connect(url, autocommit=True) as conn:
         gone_active = conn.execute("SELECT active FROM webhooks.subscriptions "

@@ -103,7 +103,8 @@ async def api(request: pytest.FixtureRequest, db_url: str) -> AsyncIterator[Api]
 
 # Fixtures that need the database, and fixtures or helpers that run a worker, an API or a
 # receiver (named in the test's own source when it starts one itself).
-DB_FIXTURES = {"template_db", "db_url", "conn"}
+DB_FIXTURES = {"template_db", "db_url", "conn", "empty_db", "new_db"}
+DB_HELPERS = ("SERVER_URL", "psycopg.connect")
 E2E_FIXTURES = {"api", "receiver"}
 E2E_HELPERS = ("running_worker", "open_worker", "worker_env", "Receiver(", "RawTarget(",
                "api_for(", "serving(", "background_api(", "Popen(", "tests.chaos")
@@ -119,7 +120,7 @@ def layer(item: pytest.Item) -> str:
         source = ""
     if names & E2E_FIXTURES or any(helper in source for helper in E2E_HELPERS):
         return "e2e"
-    if names & DB_FIXTURES:
+    if names & DB_FIXTURES or any(helper in source for helper in DB_HELPERS):
         return "db"
     return "unit"
 

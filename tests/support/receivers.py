@@ -13,6 +13,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
@@ -28,6 +29,8 @@ class Received:
     headers: dict[str, str]
     body: bytes
     at: float
+    # The live request: whether its client is still there (`request.transport`).
+    request: web.Request | None = field(default=None, repr=False, compare=False)
 
 
 async def echo_secret(req: Received) -> web.StreamResponse:
@@ -50,24 +53,34 @@ def status(code: int, headers: dict[str, str] | None = None, body: str = "") -> 
     return respond
 
 
+async def serve(app: web.Application, port: int = 0, backlog: int = 128,
+                **runner: Any) -> tuple[web.AppRunner, int]:
+    """`app` served on 127.0.0.1:`port` (0: a free one): its runner, to clean up, and port.
+    Used by Receiver and by bench's receiver process."""
+    app_runner = web.AppRunner(app, access_log=None, **runner)
+    await app_runner.setup()
+    site = web.TCPSite(app_runner, "127.0.0.1", port, backlog=backlog)
+    await site.start()
+    return app_runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+
 @dataclass
 class Receiver:
-    """A running receiver; `behaviour` may be swapped at any time."""
+    """A running receiver; `behaviour` may be swapped at any time. With
+    `cancel_on_disconnect`, a behaviour still running when its client gives up is cancelled
+    (as a real server would stop working for nobody)."""
 
     behaviour: Behaviour = echo_secret
     received: list[Received] = field(default_factory=list)
     url: str = ""
+    cancel_on_disconnect: bool = False
     _runner: web.AppRunner | None = None
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def start(self, path: str = "/hook") -> Receiver:
         app = web.Application(client_max_size=2**22)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, port = await serve(app, handler_cancellation=self.cancel_on_disconnect)
         self.url = f"http://127.0.0.1:{port}{path}"
         return self
 
@@ -83,7 +96,7 @@ class Receiver:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         req = Received(request.method, request.path, dict(request.headers),
-                       await request.read(), time.monotonic())
+                       await request.read(), time.monotonic(), request)
         self.received.append(req)
         self._changed.set()
         return await self.behaviour(req)
