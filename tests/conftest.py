@@ -106,8 +106,8 @@ async def api(request: pytest.FixtureRequest, db_url: str) -> AsyncIterator[Api]
 DB_FIXTURES = {"template_db", "db_url", "conn", "empty_db", "new_db"}
 DB_HELPERS = ("SERVER_URL", "psycopg.connect")
 E2E_FIXTURES = {"api", "receiver"}
-E2E_HELPERS = ("running_worker", "open_worker", "worker_env", "Receiver(", "RawTarget(",
-               "api_for(", "serving(", "background_api(", "Popen(", "tests.chaos")
+E2E_HELPERS = ("running_worker", "open_worker", "worker_env", "Receiver(", "hanging_receiver(",
+               "RawTarget(", "api_for(", "serving(", "background_api(", "Popen(", "tests.chaos")
 
 
 def layer(item: pytest.Item) -> str:

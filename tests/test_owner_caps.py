@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
-from aiohttp import web
 from psycopg_pool import AsyncConnectionPool
 
 from service.config import ConfigError, Settings
 from service.store import Store
 from service.worker.delivery import claim
 from service.worker.fanout import drain_outbox
-from tests.support.receivers import Received, Receiver
+from tests.support.receivers import Receiver, hanging_receiver
 from tests.support.subscriptions import subscribe
 from tests.support.worker import add_invoice, open_pool, poll, running_worker
 
@@ -53,16 +51,8 @@ async def test_claims_hold_the_per_owner_cap(pool: AsyncConnectionPool,
 
 async def test_one_owners_hanging_subscriptions_leave_room_for_others(
         db_url: str, conn: psycopg.Connection) -> None:
-    release = asyncio.Event()
-
-    async def hang(req: Received) -> web.StreamResponse:
-        await release.wait()
-        return web.Response(status=200)
-
-    hanging = await Receiver(behaviour=hang).start()
-    healthy = await Receiver().start()
     concurrency = 8
-    try:
+    async with hanging_receiver() as (hanging, release), Receiver() as healthy:
         for _ in range(12):
             subscribe(conn, hanging.url, events=["invoice.create"], owner="greedy")
         async with running_worker(db_url, concurrency=concurrency, per_target_concurrency=2,
@@ -81,10 +71,6 @@ async def test_one_owners_hanging_subscriptions_leave_room_for_others(
             release.set()
             await poll(lambda: len(hanging.received) == 12 * 8, timeout=20,
                        what="the greedy owner's deliveries, once its targets answer")
-    finally:
-        release.set()
-        await hanging.stop()
-        await healthy.stop()
     assert elapsed < 5  # far below the 30 s the hanging targets hold their slots
 
 

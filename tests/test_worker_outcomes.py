@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import psycopg
 from aiohttp import web
 
-from tests.support.receivers import Behaviour, Received, Receiver, status
+from tests.support.receivers import Behaviour, Received, Receiver, hanging_receiver, status
 from tests.support.subscriptions import subscribe, subscription
 from tests.support.worker import add_invoice, numbers, poll, running_worker
 
@@ -135,23 +133,6 @@ async def test_retry_after_is_honoured(db_url: str, conn: psycopg.Connection,
     first, second = receiver.deliveries()
     # The schedule says 50 ms; the target asked for a second.
     assert second.at - first.at >= 0.9
-
-
-@asynccontextmanager
-async def hanging_receiver() -> AsyncIterator[tuple[Receiver, asyncio.Event]]:
-    """A receiver that answers nothing until the event is set (or the block ends)."""
-    release = asyncio.Event()
-
-    async def hang(req: Received) -> web.StreamResponse:
-        await release.wait()
-        return web.Response(status=200)
-
-    hanging = await Receiver(behaviour=hang).start()
-    try:
-        yield hanging, release
-    finally:
-        release.set()
-        await hanging.stop()
 
 
 async def test_hanging_target_does_not_delay_a_healthy_one(

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,3 +118,19 @@ class Receiver:
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), min(remaining, 0.2))
+
+
+@asynccontextmanager
+async def hanging_receiver() -> AsyncIterator[tuple[Receiver, asyncio.Event]]:
+    """A receiver that answers nothing until the event is set (or the block ends)."""
+    release = asyncio.Event()
+
+    async def hang(req: Received) -> web.StreamResponse:
+        await release.wait()
+        return web.Response(status=200)
+
+    async with Receiver(behaviour=hang) as hanging:
+        try:
+            yield hanging, release
+        finally:
+            release.set()
