@@ -1,7 +1,7 @@
 -- 0003: the delivery log's index; redelivery and recovery (sql/recovery.sql).
 -- Frozen once released: change the schema with a new migration.
 
-CREATE INDEX deliveries_log_idx ON webhooks.deliveries (subscription_id, id);
+CREATE INDEX deliveries_log_idx ON webhooks.deliveries (subscription_id, created_at, id);
 
 -- Both keep delivery ids (receivers de-duplicate on them) and give the delivery a fresh
 -- retry schedule: `attempts` goes back to 0, so a delivery brought back after an outage
@@ -41,6 +41,8 @@ BEGIN
        SET status = 'pending', attempts = 0, next_attempt_at = now(),
            lease_expires_at = NULL, finished_at = NULL
      WHERE d.id = redeliver.delivery_id;
+    -- A waiting worker is woken as by a captured change (the conditional NOTIFY).
+    PERFORM pg_catalog.pg_notify('webhooks', '') FROM webhooks.wakeups LIMIT 1;
     RETURN redeliver.delivery_id;
 END
 $$;
@@ -82,6 +84,9 @@ BEGIN
        AND d.created_at >= recover.since
        AND (recover.until IS NULL OR d.created_at < recover.until);
     GET DIAGNOSTICS v_count = ROW_COUNT;
+    IF v_count > 0 THEN
+        PERFORM pg_catalog.pg_notify('webhooks', '') FROM webhooks.wakeups LIMIT 1;
+    END IF;
     RETURN v_count;
 END
 $$;

@@ -40,6 +40,8 @@ BEGIN
        SET status = 'pending', attempts = 0, next_attempt_at = now(),
            lease_expires_at = NULL, finished_at = NULL
      WHERE d.id = redeliver.delivery_id;
+    -- A waiting worker is woken as by a captured change (the conditional NOTIFY).
+    PERFORM pg_catalog.pg_notify('webhooks', '') FROM webhooks.wakeups LIMIT 1;
     RETURN redeliver.delivery_id;
 END
 $$;
@@ -81,6 +83,9 @@ BEGIN
        AND d.created_at >= recover.since
        AND (recover.until IS NULL OR d.created_at < recover.until);
     GET DIAGNOSTICS v_count = ROW_COUNT;
+    IF v_count > 0 THEN
+        PERFORM pg_catalog.pg_notify('webhooks', '') FROM webhooks.wakeups LIMIT 1;
+    END IF;
     RETURN v_count;
 END
 $$;

@@ -215,6 +215,6 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- The delivery log (SPEC section 7): a subscription's deliveries, newest first, a page at
--- a time (`before=<id>`): a backward scan of this index, however many deliveries the
--- subscription has.
-CREATE INDEX deliveries_log_idx ON webhooks.deliveries (subscription_id, id);
+-- a time (`before=<id>`), within `since`/`until`: one backward range scan of this index
+-- that stops after a page, however many deliveries the subscription has.
+CREATE INDEX deliveries_log_idx ON webhooks.deliveries (subscription_id, created_at, id);

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import psycopg
 
 from service import __version__, db
+from service.commands import deliveries
 from service.commands.runner import run_loop
 from service.config import ConfigError, Settings
 from service.logs import setup_logging
@@ -219,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Revoke a token; requests with it get 401 at once.")
     t.add_argument("id", type=int, help="token id (see `webhooks token list`)")
     t.set_defaults(func=cmd_token)
+    deliveries.register(sub, _settings)
     return parser
 
 

@@ -1,0 +1,333 @@
+"""The delivery log and recovery (SPEC section 7): a subscription's deliveries and their
+attempts, redelivery of one, recovery of a window of failed ones, and test events.
+
+Redeliver and recover run the SQL functions webhooks.redeliver and webhooks.recover
+(sql/recovery.sql), the same ones the CLI and a DBA call. Scoping is the subscriptions':
+another owner's or tenant's subscription, or a delivery of another subscription, is 404.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+import msgspec
+from litestar import Request, Response, get, post
+from litestar.di import NamedDependency
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, RequestBody, Schema
+from litestar.params import Parameter
+from psycopg.rows import dict_row
+
+from service.api.errors import ERROR_RESPONSES_DOC, ApiError, ErrorBody
+from service.api.models import (
+    check_fields,
+    check_single,
+    parse_id,
+    parse_limit,
+    parse_object,
+    query_text,
+    shown,
+    string_field,
+    timestamp,
+)
+from service.store import Store, StoreRejected
+from service.tokens import Principal
+
+StoreDep = NamedDependency[Store]
+PrincipalDep = NamedDependency[Principal]
+
+IdPath = Annotated[str, Parameter(description="subscription id (integer)")]
+DeliveryPath = Annotated[str, Parameter(description="delivery id (integer; the webhook-id "
+                                                    "header of its attempts is msg_<id>)")]
+
+STATUSES = ("pending", "succeeded", "failed")
+# SQLSTATEs of sql/recovery.sql: unknown id, inactive subscription.
+UNKNOWN, INACTIVE = "P0002", "55000"
+_ERRORS = (400, 401, 404, 405, 413, 429, 503)
+_REQUEUE_ERRORS = (*_ERRORS, 409)
+_DOCS = {**ERROR_RESPONSES_DOC,
+         409: "the subscription is inactive: activate it (PUT active=true) first"}
+
+
+def _errors(*codes: int) -> dict[int, ResponseSpec]:
+    return {code: ResponseSpec(data_container=ErrorBody, description=_DOCS[code],
+                               generate_examples=False)
+            for code in codes}
+
+
+class Delivery(msgspec.Struct):
+    """A delivery as the API shows it."""
+
+    id: int
+    event: str
+    event_id: int
+    status: str
+    attempts: int
+    created_at: str
+    next_attempt_at: str | None
+    finished_at: str | None
+    last_status: int | None
+
+
+class Attempt(msgspec.Struct):
+    """One HTTP attempt of a delivery; `status` 0 when no response came."""
+
+    attempt: int
+    attempted_at: str
+    status: int
+    duration_ms: float
+    error: str | None
+
+
+class DeliveryDetail(Delivery):
+    """A delivery with the body as sent (parsed) and every attempt, oldest first."""
+
+    payload: Any
+    attempt_log: list[Attempt]
+
+
+class Requeued(msgspec.Struct):
+    """How many failed deliveries a recover queued again."""
+
+    requeued: int
+
+
+def to_delivery(row: dict[str, Any]) -> Delivery:
+    """The API form of a deliveries_list / deliveries_get row."""
+    return Delivery(id=row["id"], event=row["event"], event_id=row["event_id"],
+                    status=row["status"], attempts=row["attempts"],
+                    created_at=timestamp(row["created_at"]) or "",
+                    next_attempt_at=timestamp(row["next_attempt_at"]),
+                    finished_at=timestamp(row["finished_at"]), last_status=row["last_status"])
+
+
+def to_detail(row: dict[str, Any], attempts: list[dict[str, Any]]) -> DeliveryDetail:
+    """The single view: the delivery, its payload and its attempt log."""
+    base = to_delivery(row)
+    return DeliveryDetail(
+        **{f: getattr(base, f) for f in Delivery.__struct_fields__},
+        payload=msgspec.json.decode(row["body"]),
+        attempt_log=[Attempt(attempt=a["attempt"],
+                             attempted_at=timestamp(a["attempted_at"]) or "",
+                             status=a["status"], duration_ms=a["duration_ms"], error=a["error"])
+                     for a in attempts])
+
+
+# --- parsing ------------------------------------------------------------------------
+
+def parse_time(name: str, text: str) -> datetime:
+    """An RFC 3339 timestamp with its offset, e.g. 2026-11-20T08:00:00Z; 400 otherwise."""
+    problem = f"{name} must be an RFC 3339 timestamp with a time zone, such as " \
+              f"2026-11-20T08:00:00Z, not {shown(text)}"
+    if len(text) < 20 or text[10] not in "Tt ":
+        raise ApiError(400, problem)
+    try:
+        value = datetime.fromisoformat(text[:-1] + "+00:00" if text[-1] in "Zz" else text)
+    except ValueError:
+        raise ApiError(400, problem) from None
+    if value.tzinfo is None:
+        raise ApiError(400, problem)
+    return value
+
+
+def parse_before(text: str | None) -> int | None:
+    """The `before` cursor: a delivery id (the Link header's next page)."""
+    if text is None:
+        return None
+    number = parse_id(text)
+    if number is None:
+        raise ApiError(400, f"before must be a delivery id (a positive integer), not "
+                            f"{shown(text)}")
+    return number
+
+
+def parse_status(text: str | None) -> str | None:
+    """The `status` filter: pending, succeeded or failed."""
+    if text is not None and text not in STATUSES:
+        raise ApiError(400, f"status must be one of {', '.join(STATUSES)}, not {shown(text)}")
+    return text
+
+
+def _number(text: str, what: str) -> int:
+    number = parse_id(text)
+    if number is None:
+        raise ApiError(404, f"no {what} with id {shown(text)}")
+    return number
+
+
+def _scope(principal: Principal) -> dict[str, Any]:
+    return {"owner": principal.owner, "tenant": principal.tenant}
+
+
+async def _subscription(store: Store, text: str, principal: Principal) -> dict[str, Any]:
+    """The caller's subscription {"id", "active"}; 404 when it is not the caller's."""
+    number = _number(text, "webhook")
+    row = await store.one("deliveries_subscription", {"id": number, **_scope(principal)})
+    if row is None:
+        raise ApiError(404, f"no webhook with id {number}")
+    return dict(row)
+
+
+def _inactive(subscription_id: int) -> ApiError:
+    return ApiError(409, f"webhook {subscription_id} is inactive; activate it with PUT "
+                         f"/api/v1/webhooks/{subscription_id} {{\"active\": true}} first")
+
+
+def _requeue_error(exc: StoreRejected, subscription_id: int, what: str) -> ApiError:
+    if exc.sqlstate == INACTIVE:
+        return _inactive(subscription_id)
+    if exc.sqlstate == UNKNOWN:
+        return ApiError(404, f"no {what}")
+    raise exc
+
+
+# --- OpenAPI: the recover body is parsed by hand, so its schema is declared here -------
+
+RECOVER_SCHEMA = Schema(
+    title="Recover",
+    type=OpenAPIType.OBJECT,
+    required=["since"],
+    additional_properties=False,
+    properties={
+        "since": Schema(type=OpenAPIType.STRING,
+                        description="RFC 3339: failed deliveries created at or after this "
+                                    "time are queued again", examples=["2026-11-20T08:00:00Z"]),
+        "until": Schema(type=OpenAPIType.STRING,
+                        description="RFC 3339: and before this time (default: now)",
+                        examples=["2026-11-22T08:00:00Z"]),
+    },
+)
+
+
+@dataclass
+class RecoverOperation(Operation):
+    """An OpenAPI operation whose request body is Recover."""
+
+    def __post_init__(self) -> None:
+        self.request_body = RequestBody(
+            required=True, content={"application/json": OpenAPIMediaType(schema=RECOVER_SCHEMA)})
+
+
+# --- routes -------------------------------------------------------------------------
+
+LIST_PARAMS = ("status", "event", "since", "until", "limit", "before")
+
+
+@get("/webhooks/{webhook_id:str}/deliveries", summary="List a subscription's deliveries",
+     responses=_errors(*_ERRORS))
+async def list_deliveries(
+    webhook_id: IdPath,
+    request: Request[Any, Any, Any],
+    principal: PrincipalDep,
+    store: StoreDep,
+    status: Annotated[str | None, Parameter(description="pending, succeeded or failed")] = None,
+    event: Annotated[str | None, Parameter(description="only this event name")] = None,
+    since: Annotated[str | None, Parameter(
+        description="RFC 3339: created at or after this time")] = None,
+    until: Annotated[str | None, Parameter(description="RFC 3339: created before this time")
+                     ] = None,
+    limit: Annotated[str | None, Parameter(description="1 to 1000, default 100")] = None,
+    before: Annotated[str | None, Parameter(
+        description="only ids below this (the Link header's next page)")] = None,
+) -> Response[list[Delivery]]:
+    """The subscription's deliveries, newest first; a `Link: <...>; rel="next"` when more
+    remain."""
+    check_single(request.query_params.dict(), LIST_PARAMS)
+    wanted = parse_limit(limit)
+    params = {"status": parse_status(status), "event": query_text("event", event),
+              "since": parse_time("since", since) if since is not None else None,
+              "until": parse_time("until", until) if until is not None else None,
+              "before": parse_before(before), "limit": wanted + 1}
+    sub = await _subscription(store, webhook_id, principal)
+    rows = await store.all("deliveries_list", {**params, "subscription_id": sub["id"]})
+    page = [to_delivery(r) for r in rows[:wanted]]
+    headers = {}
+    if len(rows) > wanted:
+        query = {k: v for k, v in (("status", status), ("event", event), ("since", since),
+                                   ("until", until)) if v is not None}
+        query.update(limit=str(wanted), before=str(page[-1].id))
+        url = request.url.with_replacements(query=urlencode(query), fragment="")
+        headers["Link"] = f'<{url}>; rel="next"'
+    return Response(page, headers=headers)
+
+
+@get("/webhooks/{webhook_id:str}/deliveries/{delivery_id:str}",
+     summary="Get a delivery with its payload and attempts", responses=_errors(*_ERRORS))
+async def get_delivery(webhook_id: IdPath, delivery_id: DeliveryPath, principal: PrincipalDep,
+                       store: StoreDep) -> DeliveryDetail:
+    """One delivery: the payload as sent and every attempt, oldest first."""
+    number = _number(delivery_id, "delivery")
+    sub = await _subscription(store, webhook_id, principal)
+    async with store.transaction() as s:
+        row = await s.one("deliveries_get", {"id": number, "subscription_id": sub["id"]})
+        if row is None:
+            raise ApiError(404, f"no delivery with id {number} for webhook {sub['id']}")
+        attempts = await s.all("deliveries_attempts", {"id": number}, row=dict_row)
+    return to_detail(row, attempts)
+
+
+@post("/webhooks/{webhook_id:str}/deliveries/{delivery_id:str}/redeliver",
+      summary="Queue a delivery again (same id), whatever its status", status_code=202,
+      response_description="the delivery, pending and due now",
+      responses=_errors(*_REQUEUE_ERRORS))
+async def redeliver(webhook_id: IdPath, delivery_id: DeliveryPath, principal: PrincipalDep,
+                    store: StoreDep) -> Delivery:
+    """The delivery becomes pending and due now, keeping its id, with a fresh retry
+    schedule; 409 while the subscription is inactive."""
+    number = _number(delivery_id, "delivery")
+    sub = await _subscription(store, webhook_id, principal)
+    key = {"id": number, "subscription_id": sub["id"]}
+    try:
+        async with store.transaction() as s:
+            if await s.one("deliveries_get", key) is None:
+                raise ApiError(404, f"no delivery with id {number} for webhook {sub['id']}")
+            await s.one("deliveries_redeliver", {"id": number})
+            row = await s.one("deliveries_get", key)
+    except StoreRejected as exc:
+        raise _requeue_error(exc, sub["id"], f"delivery with id {number}") from None
+    return to_delivery(row)
+
+
+@post("/webhooks/{webhook_id:str}/recover",
+      summary="Queue a window's failed deliveries again, in event order", status_code=202,
+      operation_class=RecoverOperation, response_description="how many were queued again",
+      responses=_errors(*_REQUEUE_ERRORS))
+async def recover(webhook_id: IdPath, request: Request[Any, Any, Any], principal: PrincipalDep,
+                  store: StoreDep) -> Requeued:
+    """Every failed delivery created in [since, until) becomes pending and due now, keeping
+    its id; 409 while the subscription is inactive."""
+    sub = await _subscription(store, webhook_id, principal)
+    body = parse_object(await request.body())
+    check_fields(body, ("since", "until"), ("since",))
+    since = parse_time("since", string_field(body, "since"))
+    until = parse_time("until", string_field(body, "until")) if "until" in body else None
+    if until is not None and until <= since:
+        raise ApiError(400, "until must be later than since")
+    try:
+        row = await store.one("deliveries_recover", {
+            "subscription_id": sub["id"], "since": since, "until": until})
+    except StoreRejected as exc:
+        raise _requeue_error(exc, sub["id"], f"webhook with id {sub['id']}") from None
+    return Requeued(requeued=row["requeued"])
+
+
+@post("/webhooks/{webhook_id:str}/test", summary="Send a webhook.test event", status_code=202,
+      response_description="the delivery of the webhook.test event",
+      responses=_errors(*_REQUEUE_ERRORS))
+async def send_test(webhook_id: IdPath, principal: PrincipalDep, store: StoreDep) -> Delivery:
+    """Queues a `webhook.test` event (resource "webhooks", resource_id the subscription id)
+    and its one delivery to this subscription, signed and logged like any other; 409 while
+    the subscription is inactive."""
+    sub = await _subscription(store, webhook_id, principal)
+    async with store.transaction() as s:
+        created = await s.one("deliveries_test", {"id": sub["id"]})
+        if created is None:
+            raise _inactive(sub["id"])
+        row = await s.one("deliveries_get", {"id": created["id"], "subscription_id": sub["id"]})
+    return to_delivery(row)
+
+
+HANDLERS = [list_deliveries, get_delivery, redeliver, recover, send_test]
