@@ -257,13 +257,11 @@ async def test_malformed_retry_after_never_costs_a_slot(db_url: str, conn: psyco
 
 async def test_a_crashed_attempt_is_recorded_and_retried(
         db_url: str, conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
-    receiver = await Receiver().start()
-
     def explode(*args: object, **kwargs: object) -> None:
         raise RuntimeError("unexpected bug")
 
     monkeypatch.setattr(delivery, "signed_headers", explode)
-    try:
+    async with Receiver() as receiver:
         sid, _ = subscribe(conn, receiver.url)
         async with running_worker(db_url, concurrency=2, retry_schedule=(0.05, 0.05)):
             for n in range(4):
@@ -275,8 +273,6 @@ async def test_a_crashed_attempt_is_recorded_and_retried(
             monkeypatch.undo()
             add_invoice(conn, "AFTER")
             await receiver.wait_for(lambda r: len(r.deliveries()) == 1)
-    finally:
-        await receiver.stop()
     rows = conn.execute("SELECT attempt, status, error FROM webhooks.attempts"
                         " WHERE status = 0 ORDER BY delivery_id, attempt").fetchall()
     assert len(rows) == 12  # 4 deliveries x (1 try + 2 retries)

@@ -106,10 +106,9 @@ async def test_resolver_refuses_forbidden_answers() -> None:
 
 
 async def test_client_refuses_at_connect_time() -> None:
-    receiver = await Receiver().start()
-    guarded = make_client(allow_private=False, timeout=1.0)
-    open_client = make_client(allow_private=True, timeout=1.0)
-    try:
+    async with Receiver() as receiver, \
+            make_client(allow_private=False, timeout=1.0) as guarded, \
+            make_client(allow_private=True, timeout=1.0) as open_client:
         port = receiver.url.split(":")[2].split("/")[0]
         for url in (receiver.url, f"http://localhost:{port}/hook",
                     f"http://[::ffff:127.0.0.1]:{port}/"):
@@ -124,10 +123,6 @@ async def test_client_refuses_at_connect_time() -> None:
         assert receiver.received == []
         assert (await open_client.post(receiver.url)).status_code == 200
         assert len(receiver.received) == 1
-    finally:
-        await guarded.aclose()
-        await open_client.aclose()
-        await receiver.stop()
 
 
 async def test_refused_connection_is_a_connect_error_not_a_timeout() -> None:
