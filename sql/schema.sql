@@ -42,7 +42,9 @@ CREATE TABLE webhooks.hook_events (
     resource   text NOT NULL,
     event      text NOT NULL,
     public     boolean NOT NULL,
-    table_oid  regclass NOT NULL REFERENCES webhooks.attachments (table_oid) ON DELETE CASCADE,
+    -- The attached table whose events these are; NULL for the service's own operational
+    -- events under resource `webhooks` (sql/lifecycle.sql).
+    table_oid  regclass REFERENCES webhooks.attachments (table_oid) ON DELETE CASCADE,
     PRIMARY KEY (resource, event)
 );
 
@@ -62,9 +64,32 @@ CREATE TABLE webhooks.subscriptions (
     last_failure_content text,
     -- The snapshot of the transaction that last made the subscription active: changes of
     -- transactions it sees as committed happened before, and are never delivered to it.
-    active_since         pg_snapshot NOT NULL DEFAULT pg_current_snapshot()
+    active_since         pg_snapshot NOT NULL DEFAULT pg_current_snapshot(),
+    -- The failure lifecycle (sql/lifecycle.sql): the first failed attempt after the last
+    -- success (NULL while healthy); when webhook.failing was queued for that episode; the
+    -- first success after it, until webhook.recovered is queued; when the subscription was
+    -- disabled automatically (NULL again once re-activated).
+    failing_since        timestamptz,
+    failing_notified_at  timestamptz,
+    recovered_at         timestamptz,
+    disabled_at          timestamptz,
+    -- Secret rotation: the secret before the last rotation (sealed like `secret`), which
+    -- also signs deliveries until previous_secret_expires_at.
+    previous_secret             text,
+    previous_secret_expires_at  timestamptz
 );
 CREATE INDEX subscriptions_owner_idx ON webhooks.subscriptions (owner, id);
+-- What webhooks.lifecycle() looks for every few seconds: partial indexes, empty while every
+-- target is healthy.
+CREATE INDEX subscriptions_failing_idx ON webhooks.subscriptions (failing_since)
+    WHERE active AND failing_since IS NOT NULL;
+CREATE INDEX subscriptions_failing_unnoticed_idx ON webhooks.subscriptions (failing_since)
+    WHERE active AND failing_since IS NOT NULL AND failing_notified_at IS NULL;
+CREATE INDEX subscriptions_recovered_idx ON webhooks.subscriptions (id)
+    WHERE recovered_at IS NOT NULL;
+CREATE INDEX subscriptions_previous_secret_idx
+    ON webhooks.subscriptions (previous_secret_expires_at)
+    WHERE previous_secret_expires_at IS NOT NULL;
 
 -- What active subscriptions want, one row per (subscription, event), kept exact by the
 -- triggers on webhooks.subscriptions. The capture probe ("does anyone want this event")

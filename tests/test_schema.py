@@ -46,6 +46,7 @@ def test_migrations_build_exactly_the_schema_in_sql(db_url: str, empty_db: str) 
         conn.execute(db.SQL_DIR.joinpath("triggers", "capture.sql").read_bytes())
         conn.execute(db.SQL_DIR.joinpath("fanout.sql").read_bytes())
         conn.execute(db.SQL_DIR.joinpath("recovery.sql").read_bytes())
+        conn.execute(db.SQL_DIR.joinpath("lifecycle.sql").read_bytes())
         # The attached tables' generated capture functions live in the webhooks schema.
         conn.execute(db.SQL_DIR.joinpath("triggers", "example_invoices.sql").read_bytes())
     # db_url is a clone of the migrated template, with the example attached.

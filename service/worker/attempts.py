@@ -104,9 +104,11 @@ class Attempts:
     async def _attempt(self, c: Claim) -> Outcome:
         try:
             secret = self._secrets.open(c.secret)
+            previous = None if c.previous_secret is None else self._secrets.open(
+                c.previous_secret)
         except SecretsError as exc:
             # Never send unsigned: fail the attempt; a fixed key lets a retry through.
             return delivery.decide(c, self.settings, status=0, retry_after=None,
                                    attempted_at=datetime.now(UTC), duration_ms=0.0,
                                    error=str(exc))
-        return await delivery.send(self._session, c, secret, self.settings)
+        return await delivery.send(self._session, c, secret, self.settings, previous)

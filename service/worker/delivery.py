@@ -67,6 +67,8 @@ class Claim:
     event: str
     body: str
     due: datetime
+    # The secret before the last rotation, as stored, while it still signs (the overlap).
+    previous_secret: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -123,15 +125,16 @@ def target_url(target: str, allow_private: bool) -> URL:
     return url
 
 
-async def send(session: aiohttp.ClientSession, c: Claim, secret: str, settings: Settings
-               ) -> Outcome:
-    """Makes one POST attempt of the claimed delivery, signed with `secret` (the plain one).
+async def send(session: aiohttp.ClientSession, c: Claim, secret: str, settings: Settings,
+               previous: str | None = None) -> Outcome:
+    """Makes one POST attempt of the claimed delivery, signed with `secret` (the plain one)
+    and, during a rotation's overlap, with `previous` (the plain secret before it) too.
 
     Returns the attempt's outcome: what the delivery becomes and when it is retried.
     """
     body = c.body.encode()
     now = time.time()  # anything raised before the try is a crash: the worker records it
-    headers = signed_headers(secret, message_id(c.id), int(now), body)
+    headers = signed_headers(secret, message_id(c.id), int(now), body, previous)
     attempted_at = datetime.fromtimestamp(now, UTC)
     started = time.perf_counter()
     status = 0

@@ -28,6 +28,8 @@ from service.store import Store, StoreError, make_pool
 from service.worker import delivery
 from service.worker.attempts import Attempts
 from service.worker.fanout import drain_outbox
+from service.worker.lifecycle import interval as lifecycle_interval
+from service.worker.lifecycle import run_round as lifecycle_round
 from service.worker.listener import Listener
 from service.worker.metrics import WorkerMetrics, WorkerStats
 from service.worker.pruning import prune_loop
@@ -74,6 +76,8 @@ class Worker:
         self.wakeup = Wakeup(self.listener, batch_size=settings.batch_size,
                              poll_interval=settings.poll_interval)
         self._main: asyncio.Task[None] | None = None
+        # Loop time of the next failure-lifecycle round (lifecycle.py).
+        self._lifecycle_at = 0.0
 
     @property
     def pool(self) -> AsyncConnectionPool:
@@ -139,7 +143,8 @@ class Worker:
                 backoff = min(backoff * 2, RESTART_MAX)
                 continue
             backoff = 0.1
-            await self._wait(wait)
+            until_lifecycle = self._lifecycle_at - asyncio.get_running_loop().time()
+            await self._wait(min(wait, until_lifecycle))
 
     async def _pause(self, seconds: float) -> None:
         """Sleeps `seconds`, or less if the worker is stopped meanwhile."""
@@ -151,6 +156,9 @@ class Worker:
         loop = asyncio.get_running_loop()
         if self.wakeup.fanout_due(loop.time()):
             await self._fan_out()
+        if loop.time() >= self._lifecycle_at:
+            self._lifecycle_at = loop.time() + lifecycle_interval(self.settings)
+            await lifecycle_round(self.store, self.settings, self.metrics)
         self.slots.mark_slow(loop.time())
         wanted = self.slots.wanted()
         if wanted == 0:

@@ -20,6 +20,9 @@ log = logging.getLogger("webhooks.metrics")
 # The worker's supervised tasks, as named in metrics, logs and `webhooks status`.
 TASKS = ("listener", "recorder", "pruner", "loop")
 
+# The failure lifecycle's events (webhook.<name>), as labels of their counter.
+LIFECYCLE_EVENTS = ("failing", "recovered", "disabled")
+
 ATTEMPT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0, 30.0)
 
@@ -64,6 +67,11 @@ class WorkerMetrics:
                                      registry=r)
         for task in TASKS:
             self.task_restarts.labels(task)  # shown at 0 before any crash
+        self.lifecycle = Counter("webhooks_subscription_lifecycle_events",
+                                 "Operational events of subscriptions (failing, recovered, "
+                                 "disabled: disabled automatically)", ["event"], registry=r)
+        for event in LIFECYCLE_EVENTS:
+            self.lifecycle.labels(event)
 
     def observe(self, outcome: str, duration_ms: float) -> None:
         """Counts one finished attempt (`outcome`: succeeded, pending or failed)."""

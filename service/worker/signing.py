@@ -33,12 +33,21 @@ def hook_signature(secret: str, body: bytes) -> str:
     return hmac.digest(secret.encode(), body, "sha256").hex()
 
 
-def signed_headers(secret: str, msg_id: str, timestamp: int, body: bytes) -> dict[str, str]:
-    """Every header that identifies and signs one attempt of a delivery."""
+def signed_headers(secret: str, msg_id: str, timestamp: int, body: bytes,
+                   previous: str | None = None) -> dict[str, str]:
+    """Every header that identifies and signs one attempt of a delivery.
+
+    During a rotation's overlap `previous` (the secret before it) signs too: the Standard
+    Webhooks header carries both signatures, new first, space-separated, so a receiver
+    holding either secret verifies; X-Hook-Signature has room for one, the new secret's.
+    """
+    signature = standard_signature(secret, msg_id, timestamp, body)
+    if previous is not None and previous != secret:
+        signature += " " + standard_signature(previous, msg_id, timestamp, body)
     return {
         "Content-Type": "application/json",
         "webhook-id": msg_id,
         "webhook-timestamp": str(timestamp),
-        "webhook-signature": standard_signature(secret, msg_id, timestamp, body),
+        "webhook-signature": signature,
         "X-Hook-Signature": hook_signature(secret, body),
     }

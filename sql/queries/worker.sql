@@ -60,7 +60,10 @@ UPDATE webhooks.deliveries d
    AND s.id = d.subscription_id
    AND e.id = d.event_id
 RETURNING d.id, d.attempts, d.subscription_id, s.owner, s.active, s.target, s.secret,
-          e.name AS event, e.body, c.due
+          e.name AS event, e.body, c.due,
+          -- During a rotation's overlap the secret before it signs too.
+          CASE WHEN s.previous_secret_expires_at > now() THEN s.previous_secret END
+              AS previous_secret
 
 -- name: next_due --
 -- Seconds until the earliest pending delivery of a subscription and owner not at their
@@ -77,7 +80,8 @@ SELECT extract(epoch FROM min(d.next_attempt_at) - now())::float8 AS wait
 -- name: record --
 -- Records a batch of finished attempts in one statement: the deliveries' new state, one
 -- attempts row each, and the subscriptions' last_* fields (from the latest attempt of each
--- subscription in the batch). A delivery whose claim this worker no longer holds (its
+-- subscription in the batch), with failing_since and recovered_at, which
+-- webhooks.lifecycle() turns into operational events (sql/lifecycle.sql). A delivery whose claim this worker no longer holds (its
 -- lease expired and another worker claimed it: attempts moved on) is left alone.
 -- The batch comes as one JSON array of [id, attempt, subscription_id, status, outcome,
 -- retry_in, attempted_at (epoch seconds), duration_ms, error]: one parameter that Python
@@ -118,15 +122,40 @@ WITH r AS (
            bool_or(r.status = 410) AS gone
       FROM r
      GROUP BY r.subscription_id
+), first_failure AS (
+    -- The first failure of the batch after its last success (its first failure, when it
+    -- has no success): where a failure episode starts, unless one is already under way.
+    SELECT r.subscription_id, min(r.attempted_at) AS since
+      FROM r
+      JOIN latest l ON l.subscription_id = r.subscription_id
+     WHERE r.outcome <> 'succeeded'
+       AND (l.success_at IS NULL OR r.attempted_at > l.success_at)
+     GROUP BY r.subscription_id
 ), subs AS (
+    -- A subscription disabled automatically keeps its lifecycle (and the reason in
+    -- last_failure_content) whatever attempts in flight then come back with.
     UPDATE webhooks.subscriptions s
        SET last_status = l.last_status,
            last_success_at = greatest(s.last_success_at, l.success_at),
            last_failure_at = greatest(s.last_failure_at, l.failure_at),
-           last_failure_content = CASE WHEN l.failure_at IS NOT NULL THEN l.failure_content
+           last_failure_content = CASE WHEN s.disabled_at IS NOT NULL
+                                       THEN s.last_failure_content
+                                       WHEN l.failure_at IS NOT NULL THEN l.failure_content
                                        ELSE s.last_failure_content END,
+           failing_since = CASE WHEN s.disabled_at IS NOT NULL THEN s.failing_since
+                                WHEN f.since IS NULL THEN NULL
+                                WHEN l.success_at IS NULL
+                                THEN coalesce(s.failing_since, f.since)
+                                ELSE f.since END,
+           failing_notified_at = CASE WHEN s.disabled_at IS NULL AND l.success_at IS NOT NULL
+                                      THEN NULL ELSE s.failing_notified_at END,
+           recovered_at = CASE WHEN s.disabled_at IS NULL AND l.success_at IS NOT NULL
+                                    AND s.failing_notified_at IS NOT NULL
+                               THEN coalesce(s.recovered_at, l.success_at)
+                               ELSE s.recovered_at END,
            active = s.active AND NOT l.gone
       FROM latest l
+      LEFT JOIN first_failure f ON f.subscription_id = l.subscription_id
      WHERE s.id = l.subscription_id
     RETURNING 1
 )
@@ -201,3 +230,10 @@ DELETE FROM webhooks.worker_tasks
 
 -- name: relation_exists --
 SELECT to_regclass(%(name)s) IS NOT NULL AS present
+
+-- name: lifecycle --
+-- One round of operational events and auto-disable (webhooks.lifecycle in
+-- sql/lifecycle.sql); a disable_after of 0 turns auto-disable off.
+SELECT subscription_id, owner, event, since, queued
+  FROM webhooks.lifecycle(make_interval(secs => %(failing_after)s),
+                          make_interval(secs => %(disable_after)s))
