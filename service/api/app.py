@@ -26,7 +26,7 @@ from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from service import __version__, events
-from service.api import deliveries
+from service.api import deliveries, lifecycle
 from service.api.auth import provide_principal
 from service.api.errors import (
     ERROR_RESPONSES_DOC,
@@ -380,7 +380,8 @@ def create_app(settings: Settings, pool: Pool | None = None) -> Litestar:
     api = Router(
         path="/api/v1",
         route_handlers=[list_webhooks, create_webhook, get_webhook, update_webhook,
-                        delete_webhook, list_hook_events, *deliveries.HANDLERS],
+                        delete_webhook, list_hook_events, *deliveries.HANDLERS,
+                        *lifecycle.HANDLERS],
         dependencies={"principal": Provide(provide_principal)},
         security=[{"BearerToken": []}],
         tags=["webhooks"],

@@ -1,0 +1,93 @@
+"""Secret rotation (SPEC section 7): `POST /api/v1/webhooks/:id/rotate_secret`.
+
+A fresh secret is verified with the handshake of creation (the target echoes
+`X-Hook-Secret`) before it is stored; the secret it replaces keeps signing beside it for
+WEBHOOKS_SECRET_OVERLAP (the worker sends `webhook-signature: v1,<new> v1,<old>`), so
+receivers can switch secrets without losing a delivery. The answer is the subscription,
+never a secret. Scoping is the subscriptions': another owner's or tenant's id is 404.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import httpx
+from litestar import MediaType, Response, post
+from litestar.di import NamedDependency
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import Parameter
+from psycopg.rows import tuple_row
+
+from service.api.errors import ERROR_RESPONSES_DOC, ApiError, ErrorBody
+from service.api.handshake import HandshakeFailed, new_secret, verify
+from service.api.metrics import ApiMetrics
+from service.api.models import Subscription, parse_id, shown
+from service.config import Settings
+from service.crypto import SecretBox
+from service.store import Store
+from service.tokens import Principal
+
+# Filled by the app's dependency injection (service/api/app.py).
+StoreDep = NamedDependency[Store]
+PrincipalDep = NamedDependency[Principal]
+ClientDep = NamedDependency[httpx.AsyncClient]
+SettingsDep = NamedDependency[Settings]
+BoxDep = NamedDependency[SecretBox]
+MetricsDep = NamedDependency[ApiMetrics]
+
+IdPath = Annotated[str, Parameter(description="subscription id (integer)")]
+
+_ERRORS = (400, 401, 404, 405, 413, 429, 503)
+_DOCS = {**ERROR_RESPONSES_DOC,
+         400: "the target did not pass the handshake with the new secret (the old secret "
+              "stays), or the request is malformed"}
+
+
+def _errors(*codes: int) -> dict[int, ResponseSpec]:
+    return {code: ResponseSpec(data_container=ErrorBody, description=_DOCS[code],
+                               generate_examples=False)
+            for code in codes}
+
+
+@post("/webhooks/{webhook_id:str}/rotate_secret",
+      summary="Rotate the secret (after a handshake with the new one)", status_code=200,
+      response_description="the subscription; the secret is never shown",
+      responses=_errors(*_ERRORS))
+async def rotate_secret(
+    webhook_id: IdPath,
+    principal: PrincipalDep,
+    store: StoreDep,
+    client: ClientDep,
+    settings: SettingsDep,
+    box: BoxDep,
+    metrics: MetricsDep,
+) -> Response[Subscription]:
+    """Verifies a new secret with the target, then signs with it, and for
+    WEBHOOKS_SECRET_OVERLAP with the previous one too; on a failed handshake, 400 and
+    nothing changes."""
+    number = parse_id(webhook_id)
+    if number is None:
+        raise ApiError(404, f"no webhook with id {shown(webhook_id)}")
+    scope = {"id": number, "owner": principal.owner, "tenant": principal.tenant}
+    row = await store.one("lifecycle_target", scope, row=tuple_row)
+    if row is None:
+        raise ApiError(404, f"no webhook with id {number}")
+    _, target = row
+    # No connection is held here: the handshake may take the whole verify timeout.
+    secret = new_secret()
+    try:
+        await verify(client, target, secret, settings.verify_timeout)
+    except HandshakeFailed as exc:
+        metrics.handshake(exc.outcome)
+        raise ApiError(400, f"target verification of the new secret failed, the secret is "
+                            f"unchanged: {exc}") from None
+    metrics.handshake("verified")
+    updated = await store.one("lifecycle_rotate", {
+        **scope, "target": target, "secret": box.seal(secret),
+        "overlap": settings.secret_overlap}, row=tuple_row)
+    if updated is None:
+        raise ApiError(404, f"no webhook with id {number}")
+    return Response(updated[0].encode(), media_type=MediaType.JSON)
+
+
+HANDLERS = [rotate_secret]
