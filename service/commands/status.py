@@ -28,6 +28,8 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
         "deliveries": one("status_deliveries"),
         "last_hour": one("status_attempts"),
         "failing": rows("status_failing"),
+        "lifecycle": {**one("status_lifecycle_counts"),
+                      "subscriptions": rows("status_lifecycle")},
         "outbox": one("status_outbox"),
         "worker_tasks": rows("status_worker_tasks"),
         "rejected": {
@@ -77,6 +79,19 @@ def render(data: dict[str, Any]) -> str:
         for f in data["failing"]:
             out.append(f"  #{f['id']:<6} {f['failures']:>5} failures  last status "
                        f"{f['last_status']}  {f['target']}  {f['last_failure'] or ''}")
+    lifecycle = data.get("lifecycle")
+    if lifecycle is not None:
+        out += ["", f"Failure lifecycle  {lifecycle['failing']} failing since their last "
+                    f"success ({lifecycle['notified']} past WEBHOOKS_FAILING_AFTER), "
+                    f"{lifecycle['disabled']} disabled automatically"]
+        for x in lifecycle["subscriptions"]:
+            if x["disabled_at"] is not None:
+                state = f"disabled {x['disabled_at']:%Y-%m-%d %H:%M:%S}"
+            else:
+                state = (f"failing for {_age(x['failing_seconds'])}"
+                         + (" (webhook.failing sent)" if x["notified"] else ""))
+            out.append(f"  #{x['id']:<6} {x['owner']}  {state}  {x['target']}  "
+                       f"{x['last_failure'] or ''}")
     rejected = data.get("rejected")
     if rejected is not None:
         out += ["", f"Set-aside changes  {rejected['total']}"

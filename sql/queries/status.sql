@@ -44,6 +44,28 @@ SELECT s.id, s.target, s.last_status, count(*) AS failures,
  ORDER BY count(*) DESC, s.id
  LIMIT 5
 
+-- name: status_lifecycle_counts --
+-- The failure lifecycle (sql/lifecycle.sql): active subscriptions failing since their last
+-- success, of which webhook.failing was sent for how many, and those disabled
+-- automatically (and not re-activated since).
+SELECT count(*) FILTER (WHERE active AND failing_since IS NOT NULL) AS failing,
+       count(*) FILTER (WHERE active AND failing_notified_at IS NOT NULL) AS notified,
+       count(*) FILTER (WHERE NOT active AND disabled_at IS NOT NULL) AS disabled
+  FROM webhooks.subscriptions
+
+-- name: status_lifecycle --
+-- The subscriptions behind those counts: disabled ones latest first, then the failing ones
+-- longest first.
+SELECT s.id, s.owner, s.target, s.active, s.failing_since, s.disabled_at,
+       s.failing_notified_at IS NOT NULL AS notified,
+       extract(epoch FROM now() - s.failing_since)::float8 AS failing_seconds,
+       left(s.last_failure_content, 120) AS last_failure
+  FROM webhooks.subscriptions s
+ WHERE (s.active AND s.failing_since IS NOT NULL)
+    OR (NOT s.active AND s.disabled_at IS NOT NULL)
+ ORDER BY s.disabled_at DESC NULLS LAST, s.failing_since, s.id
+ LIMIT 20
+
 -- name: status_outbox --
 -- Counting the changes parses every pending statement's JSON: fine for an operator's
 -- command, too slow for the metrics loop (which counts statements).
