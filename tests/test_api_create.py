@@ -10,7 +10,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from service import db
+from service import store
 from service.config import Settings
 from service.crypto import SecretBox, new_key
 from tests.support.api import Api, api_for, assert_error, serving
@@ -127,7 +127,7 @@ async def test_no_connection_is_held_during_the_handshake(db_url: str) -> None:
         return await echo_secret(req)
 
     receiver = await Receiver(behaviour=slow).start()
-    pool = db.make_pool(db_url, max_size=1)
+    pool = store.make_pool(db_url, max_size=1)
     await pool.open(wait=True)
     try:
         settings = Settings(database_url=db_url, allow_private_targets=True, verify_timeout=8)

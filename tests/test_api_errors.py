@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from litestar import get
 
-from service import db, tokens
+from service import store, tokens
 from service.api.app import create_app
 from service.config import Settings
 from tests.support.api import Api, assert_error, serving
@@ -132,7 +132,7 @@ async def test_health_checks_need_no_token(api: Api) -> None:
 
 
 async def test_readyz_is_503_when_the_database_is_unreachable(db_url: str) -> None:
-    pool = db.make_pool(db_url)
+    pool = store.make_pool(db_url)
     await pool.open(wait=True)
     settings = Settings(database_url=db_url)
     async with serving(settings, pool=pool) as url, httpx.AsyncClient(base_url=url) as http:
