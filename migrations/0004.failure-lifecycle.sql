@@ -148,9 +148,13 @@ BEGIN
                        to_char(v_old.failing_since AT TIME ZONE 'UTC',
                                'YYYY-MM-DD"T"HH24:MI:SS"Z"'))
              WHERE s.id = v_old.id RETURNING * INTO v_new;
+            -- Deliveries being recorded right now are skipped (waiting for them could
+            -- deadlock with the recorder); the claim closes them as failed later.
             UPDATE webhooks.deliveries d
                SET status = 'failed', finished_at = now(), lease_expires_at = NULL
-             WHERE d.subscription_id = v_old.id AND d.status = 'pending';
+             WHERE d.id IN (SELECT p.id FROM webhooks.deliveries p
+                             WHERE p.subscription_id = v_old.id AND p.status = 'pending'
+                               FOR UPDATE SKIP LOCKED);
             subscription_id := v_old.id; owner := v_old.owner; event := 'webhook.disabled';
             since := v_old.failing_since;
             queued := webhooks.lifecycle_event(v_new, 'webhook.disabled');
@@ -161,7 +165,9 @@ BEGIN
 
     UPDATE webhooks.subscriptions s
        SET previous_secret = NULL, previous_secret_expires_at = NULL
-     WHERE s.previous_secret_expires_at <= now();
+     WHERE s.id IN (SELECT p.id FROM webhooks.subscriptions p
+                     WHERE p.previous_secret_expires_at <= now()
+                       FOR UPDATE SKIP LOCKED);
 
     IF v_queued > 0 THEN
         -- Idle workers wake for the new deliveries (as the capture trigger would).

@@ -66,7 +66,9 @@ async def test_hook_events_lists_public_events_only(api: Api) -> None:
             "public => false)")
     body = (await api.request("GET", "/api/v1/hook_events")).json()
     assert body == [{"resource": "invoices", "event": f"invoice.{v}"}
-                    for v in ("create", "delete", "update")]
+                    for v in ("create", "delete", "update")] + [
+                    {"resource": "webhooks", "event": f"webhook.{e}"}  # the operational events
+                    for e in ("disabled", "failing", "recovered")]
 
 
 async def test_get_unknown_foreign_and_odd_ids_are_404(api: Api) -> None:
