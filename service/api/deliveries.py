@@ -16,12 +16,11 @@ from urllib.parse import urlencode
 import msgspec
 from litestar import Request, Response, get, post
 from litestar.di import NamedDependency
-from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, RequestBody, Schema
 from litestar.params import Parameter
 from psycopg.rows import dict_row
 
-from service.api.errors import ERROR_RESPONSES_DOC, ApiError, ErrorBody
+from service.api.errors import ApiError, error_responses
 from service.api.models import (
     check_fields,
     check_single,
@@ -48,14 +47,7 @@ STATUSES = ("pending", "succeeded", "failed")
 UNKNOWN, INACTIVE = "P0002", "55000"
 _ERRORS = (400, 401, 404, 405, 413, 429, 503)
 _REQUEUE_ERRORS = (*_ERRORS, 409)
-_DOCS = {**ERROR_RESPONSES_DOC,
-         409: "the subscription is inactive: activate it (PUT active=true) first"}
-
-
-def _errors(*codes: int) -> dict[int, ResponseSpec]:
-    return {code: ResponseSpec(data_container=ErrorBody, description=_DOCS[code],
-                               generate_examples=False)
-            for code in codes}
+_DOCS = {409: "the subscription is inactive: activate it (PUT active=true) first"}
 
 
 class Delivery(msgspec.Struct):
@@ -217,7 +209,7 @@ LIST_PARAMS = ("status", "event", "since", "until", "limit", "before")
 
 
 @get("/webhooks/{webhook_id:str}/deliveries", summary="List a subscription's deliveries",
-     responses=_errors(*_ERRORS))
+     responses=error_responses(*_ERRORS, docs=_DOCS))
 async def list_deliveries(
     webhook_id: IdPath,
     request: Request[Any, Any, Any],
@@ -255,7 +247,8 @@ async def list_deliveries(
 
 
 @get("/webhooks/{webhook_id:str}/deliveries/{delivery_id:str}",
-     summary="Get a delivery with its payload and attempts", responses=_errors(*_ERRORS))
+     summary="Get a delivery with its payload and attempts",
+     responses=error_responses(*_ERRORS, docs=_DOCS))
 async def get_delivery(webhook_id: IdPath, delivery_id: DeliveryPath, principal: PrincipalDep,
                        store: StoreDep) -> DeliveryDetail:
     """One delivery: the payload as sent and every attempt, oldest first."""
@@ -272,7 +265,7 @@ async def get_delivery(webhook_id: IdPath, delivery_id: DeliveryPath, principal:
 @post("/webhooks/{webhook_id:str}/deliveries/{delivery_id:str}/redeliver",
       summary="Queue a delivery again (same id), whatever its status", status_code=202,
       response_description="the delivery, pending and due now",
-      responses=_errors(*_REQUEUE_ERRORS))
+      responses=error_responses(*_REQUEUE_ERRORS, docs=_DOCS))
 async def redeliver(webhook_id: IdPath, delivery_id: DeliveryPath, principal: PrincipalDep,
                     store: StoreDep) -> Delivery:
     """The delivery becomes pending and due now, keeping its id, with a fresh retry
@@ -294,7 +287,7 @@ async def redeliver(webhook_id: IdPath, delivery_id: DeliveryPath, principal: Pr
 @post("/webhooks/{webhook_id:str}/recover",
       summary="Queue a window's failed deliveries again, in event order", status_code=202,
       operation_class=RecoverOperation, response_description="how many were queued again",
-      responses=_errors(*_REQUEUE_ERRORS))
+      responses=error_responses(*_REQUEUE_ERRORS, docs=_DOCS))
 async def recover(webhook_id: IdPath, request: Request[Any, Any, Any], principal: PrincipalDep,
                   store: StoreDep) -> Requeued:
     """Every failed delivery created in [since, until) becomes pending and due now, keeping
@@ -316,7 +309,7 @@ async def recover(webhook_id: IdPath, request: Request[Any, Any, Any], principal
 
 @post("/webhooks/{webhook_id:str}/test", summary="Send a webhook.test event", status_code=202,
       response_description="the delivery of the webhook.test event",
-      responses=_errors(*_REQUEUE_ERRORS))
+      responses=error_responses(*_REQUEUE_ERRORS, docs=_DOCS))
 async def send_test(webhook_id: IdPath, principal: PrincipalDep, store: StoreDep) -> Delivery:
     """Queues a `webhook.test` event (resource "webhooks", resource_id the subscription id)
     and its one delivery to this subscription, signed and logged like any other; 409 while

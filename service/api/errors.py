@@ -18,6 +18,7 @@ from litestar.exceptions import (
     NotFoundException,
     ValidationException,
 )
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.types import ExceptionHandlersMap
 
 from service.logs import redact
@@ -129,3 +130,13 @@ ERROR_RESPONSES_DOC = {
          "to try again",
     503: "database unavailable",
 }
+
+
+def error_responses(*codes: int, docs: dict[int, str] | None = None
+                    ) -> dict[int, ResponseSpec]:
+    """The OpenAPI error responses of a route: the {"error"} body with what each code means
+    (`docs` overrides ERROR_RESPONSES_DOC for that route)."""
+    described = {**ERROR_RESPONSES_DOC, **(docs or {})}
+    return {code: ResponseSpec(data_container=ErrorBody, description=described[code],
+                               generate_examples=False)
+            for code in codes}

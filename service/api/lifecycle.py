@@ -14,11 +14,10 @@ from typing import Annotated
 import httpx
 from litestar import MediaType, Response, post
 from litestar.di import NamedDependency
-from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import Parameter
 from psycopg.rows import tuple_row
 
-from service.api.errors import ERROR_RESPONSES_DOC, ApiError, ErrorBody
+from service.api.errors import ApiError, error_responses
 from service.api.handshake import HandshakeFailed, new_secret, verify
 from service.api.metrics import ApiMetrics
 from service.api.models import Subscription, parse_id, shown
@@ -38,21 +37,14 @@ MetricsDep = NamedDependency[ApiMetrics]
 IdPath = Annotated[str, Parameter(description="subscription id (integer)")]
 
 _ERRORS = (400, 401, 404, 405, 413, 429, 503)
-_DOCS = {**ERROR_RESPONSES_DOC,
-         400: "the target did not pass the handshake with the new secret (the old secret "
+_DOCS = {400: "the target did not pass the handshake with the new secret (the old secret "
               "stays), or the request is malformed"}
-
-
-def _errors(*codes: int) -> dict[int, ResponseSpec]:
-    return {code: ResponseSpec(data_container=ErrorBody, description=_DOCS[code],
-                               generate_examples=False)
-            for code in codes}
 
 
 @post("/webhooks/{webhook_id:str}/rotate_secret",
       summary="Rotate the secret (after a handshake with the new one)", status_code=200,
       response_description="the subscription; the secret is never shown",
-      responses=_errors(*_ERRORS))
+      responses=error_responses(*_ERRORS, docs=_DOCS))
 async def rotate_secret(
     webhook_id: IdPath,
     principal: PrincipalDep,
