@@ -65,6 +65,18 @@ def template_db() -> Iterator[str]:
 
 
 @pytest.fixture
+def empty_db() -> Iterator[str]:
+    """URL of a new, empty database (not migrated) for one test."""
+    name = f"webhooks_empty_{uuid.uuid4().hex[:10]}"
+    janitor = _janitor(name)
+    janitor.init()
+    try:
+        yield with_dbname(SERVER_URL, name)
+    finally:
+        janitor.drop()
+
+
+@pytest.fixture
 def db_url(template_db: str) -> Iterator[str]:
     """URL of a fresh database for one test: migrated, with the invoices/payments example."""
     name = f"webhooks_t_{uuid.uuid4().hex[:10]}"

@@ -9,15 +9,11 @@ import subprocess
 import sys
 import sysconfig
 import time
-import uuid
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-
-from tests.conftest import SERVER_URL, _janitor, with_dbname
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 
@@ -48,17 +44,6 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return venv / "bin" / "webhooks"
 
 
-@pytest.fixture
-def new_db() -> Iterator[str]:
-    name = f"webhooks_pkg_{uuid.uuid4().hex[:10]}"
-    janitor = _janitor(name)
-    janitor.init()
-    try:
-        yield with_dbname(SERVER_URL, name)
-    finally:
-        janitor.drop()
-
-
 def run(command: list[str], env: dict[str, str], cwd: Path) -> str:
     result = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True,
                             timeout=120)
@@ -73,9 +58,9 @@ def free_port() -> int:
 
 
 def test_the_installed_wheel_migrates_creates_a_token_and_serves(
-        installed: Path, new_db: str, tmp_path: Path) -> None:
+        installed: Path, empty_db: str, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WEBHOOKS_")}
-    env["DATABASE_URL"] = new_db
+    env["DATABASE_URL"] = empty_db
     env.pop("PYTHONPATH", None)
     where = run([str(installed.parent / "python"), "-c",
                  "import service, service.db; print(service.__file__, service.db.SQL_DIR)"],

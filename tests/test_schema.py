@@ -7,26 +7,11 @@ import os
 import shutil
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
-import pytest
 
 from service import db
-from tests.conftest import SERVER_URL, _janitor, with_dbname
-
-
-@pytest.fixture
-def empty_db() -> Iterator[str]:
-    name = f"webhooks_empty_{uuid.uuid4().hex[:10]}"
-    janitor = _janitor(name)
-    janitor.init()
-    try:
-        yield with_dbname(SERVER_URL, name)
-    finally:
-        janitor.drop()
 
 
 def dump_schema(url: str) -> str:
