@@ -123,28 +123,16 @@ def cmd_secrets(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every command."""
-    parser = argparse.ArgumentParser(
-        prog="webhooks",
-        description="Postgres-centric webhook subscription service. Configuration comes from "
-                    "DATABASE_URL and WEBHOOKS_* environment variables (see README).",
-    )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def _serve_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
 
-    p = sub.add_parser("migrate", help="apply pending database migrations (idempotent)",
-                       description="Apply pending migrations to DATABASE_URL. Safe to run "
-                                   "again, and from several processes at once.")
-    p.set_defaults(func=cmd_migrate)
 
-    def serve_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-        p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
-
+def _add_process_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """api, worker and run: the service's processes."""
     p = sub.add_parser("api", help="serve the REST API",
                        description="Serve the REST API (/api/v1/...) until SIGTERM or Ctrl-C.")
-    serve_options(p)
+    _serve_options(p)
     p.set_defaults(func=cmd_api)
 
     p = sub.add_parser("worker", help="deliver webhooks",
@@ -160,16 +148,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="serve the API and run a worker in one process",
                        description="The API and a worker together, for small installations.")
-    serve_options(p)
+    _serve_options(p)
     p.add_argument("--concurrency", type=int, default=None, help="worker concurrency")
     p.set_defaults(func=cmd_run)
 
+
+def _add_development_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """dev, demo and status."""
     p = sub.add_parser("dev", help="what `make run` runs: migrate, demo schema, token, run",
                        description="Apply migrations, load the demo schema "
                                    "(sql/triggers/example_invoices.sql), create or reuse a "
                                    "development token, print it with a curl example, then run "
                                    "the API and a worker.")
-    serve_options(p)
+    _serve_options(p)
     p.add_argument("--token-file", default=".webhooks-dev-token",
                    help="where the development token is kept between runs")
     p.set_defaults(func=cmd_dev)
@@ -189,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=cmd_status)
 
+
+def _add_admin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """secrets and token."""
     p = sub.add_parser("secrets", help="subscription secrets at rest",
                        description="Subscription secrets are stored Fernet-encrypted when "
                                    "WEBHOOKS_ENCRYPTION_KEY is set.")
@@ -220,6 +214,26 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Revoke a token; requests with it get 401 at once.")
     t.add_argument("id", type=int, help="token id (see `webhooks token list`)")
     t.set_defaults(func=cmd_token)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every command."""
+    parser = argparse.ArgumentParser(
+        prog="webhooks",
+        description="Postgres-centric webhook subscription service. Configuration comes from "
+                    "DATABASE_URL and WEBHOOKS_* environment variables (see README).",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("migrate", help="apply pending database migrations (idempotent)",
+                       description="Apply pending migrations to DATABASE_URL. Safe to run "
+                                   "again, and from several processes at once.")
+    p.set_defaults(func=cmd_migrate)
+
+    _add_process_commands(sub)
+    _add_development_commands(sub)
+    _add_admin_commands(sub)
     deliveries.register(sub, _settings)
     return parser
 

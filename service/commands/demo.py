@@ -76,13 +76,12 @@ async def _api_up(api: str) -> bool:
         return False
 
 
-async def run_demo(settings: Settings, api: str, token: str | None, token_file: str) -> int:
-    """Runs the demo flow and prints what the receiver got; 0 when every signature verified."""
+async def _ensure_api(settings: Settings, api: str, token: str | None, token_file: str,
+                      stop: asyncio.Event) -> tuple[str, asyncio.Task[None] | None]:
+    """The token to use, and the API and worker this demo started (None when one answered)."""
     from service.commands.dev import prepare
     from service.commands.runner import run_all
 
-    api = api.rstrip("/")
-    stop = asyncio.Event()
     own_service: asyncio.Task[None] | None = None
     if not await _api_up(api):
         parts = urlsplit(api)
@@ -102,8 +101,11 @@ async def run_demo(settings: Settings, api: str, token: str | None, token_file: 
         if not path.exists():
             raise SystemExit("webhooks demo: no token; pass --token or run `make run` first")
         token = path.read_text().strip()
+    return token, own_service
 
-    receiver = DemoReceiver()
+
+async def _start_receiver(receiver: DemoReceiver) -> tuple[web.AppRunner, str]:
+    """Serves `receiver` on a free port of 127.0.0.1; the runner and the target URL."""
     app = web.Application()
     app.router.add_post("/webhooks", receiver.handle)
     runner = web.AppRunner(app, access_log=None)
@@ -111,11 +113,14 @@ async def run_demo(settings: Settings, api: str, token: str | None, token_file: 
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    target = f"http://127.0.0.1:{port}/webhooks"
-    print(f"receiver listening on {target}")
+    return runner, f"http://127.0.0.1:{port}/webhooks"
 
+
+async def _subscribe_and_write(api: str, token: str, target: str, database_url: str,
+                               receiver: DemoReceiver) -> None:
+    """Subscribes `target`, writes an invoice and a payment with psql, waits for both
+    deliveries (30 s at most) and deletes the subscription."""
     headers = {"Authorization": f"Bearer {token}"}
-    verified = True
     async with httpx.AsyncClient(base_url=api, headers=headers, timeout=30) as client:
         created = await client.post("/api/v1/webhooks/", json={
             "resource": "invoices", "events": "invoice.create, payment.create",
@@ -126,11 +131,11 @@ async def run_demo(settings: Settings, api: str, token: str | None, token_file: 
         sub = created.json()
         print(f"subscribed: {json.dumps(sub)}")
         try:
-            invoice = _psql(settings.database_url,
+            invoice = _psql(database_url,
                             "INSERT INTO invoices (number, customer, amount, updated_by) "
                             "VALUES ('DEMO-' || floor(random() * 1e6)::int, 'Demo Customer', "
                             "120.00, 'demo') RETURNING id")
-            _psql(settings.database_url,
+            _psql(database_url,
                   f"INSERT INTO payments (invoice_id, amount, card_token, updated_by) "
                   f"VALUES ({int(invoice)}, 120.00, 'tok_never_sent', 'demo')")
             print(f"inserted invoice {invoice} and a payment with psql; waiting for deliveries")
@@ -141,8 +146,11 @@ async def run_demo(settings: Settings, api: str, token: str | None, token_file: 
                     await asyncio.wait_for(receiver.arrived.wait(), 1)
         finally:
             await client.delete(f"/api/v1/webhooks/{sub['id']}/")
-    await runner.cleanup()
 
+
+def _print_deliveries(receiver: DemoReceiver) -> bool:
+    """Prints each delivery with its headers; whether every signature verified."""
+    verified = True
     for number, (got, body) in enumerate(receiver.deliveries, 1):
         standard, legacy = _verify(receiver.secret, body, got)
         verified = verified and standard and legacy
@@ -153,6 +161,22 @@ async def run_demo(settings: Settings, api: str, token: str | None, token_file: 
         print(json.dumps(json.loads(body), indent=2))
         print(f"standard webhooks signature: {'verified' if standard else 'INVALID'}; "
               f"X-Hook-Signature: {'verified' if legacy else 'INVALID'}")
+    return verified
+
+
+async def run_demo(settings: Settings, api: str, token: str | None, token_file: str) -> int:
+    """Runs the demo flow and prints what the receiver got; 0 when every signature verified."""
+    api = api.rstrip("/")
+    stop = asyncio.Event()
+    token, own_service = await _ensure_api(settings, api, token, token_file, stop)
+    receiver = DemoReceiver()
+    runner, target = await _start_receiver(receiver)
+    print(f"receiver listening on {target}")
+    try:
+        await _subscribe_and_write(api, token, target, settings.database_url, receiver)
+    finally:
+        await runner.cleanup()
+    verified = _print_deliveries(receiver)
     if own_service is not None:
         stop.set()
         await own_service
