@@ -22,6 +22,12 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 install: $(STAMP) ## create .venv with the service and its dependencies
+# The dashboard's browser tests drive Debian's chromium (never a downloaded browser). As
+# root it is installed from the distro when missing; otherwise those tests are skipped.
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  { apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && \
+	    apt-get install -y -q chromium >/dev/null; }; }; } || \
+	  echo "install: chromium is not installed; the dashboard's browser tests will be skipped (Debian: apt-get install chromium)"
 
 test: install ## run the whole test suite against a real PostgreSQL
 	$(DEVDB) --shared-ok -- $(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -1,5 +1,6 @@
 """The REST API app: its routes under /api/v1 (service.api.webhooks, deliveries,
-lifecycle), health checks, metrics and the OpenAPI document.
+lifecycle), health checks, metrics, the OpenAPI document and the dashboard page
+(service.api.dashboard).
 
 `create_app(settings)` builds the Litestar app; its lifespan opens the connection pool
 (unless one is passed in) and the outbound HTTP client, and keeps them on `app.state`,
@@ -20,7 +21,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import RedocRenderPlugin, SwaggerRenderPlugin
 
 from service import __version__
-from service.api import deliveries, lifecycle
+from service.api import dashboard, deliveries, lifecycle
 from service.api.auth import provide_principal
 from service.api.errors import (
     EXCEPTION_HANDLERS,
@@ -131,7 +132,7 @@ def create_app(settings: Settings, pool: Pool | None = None) -> Litestar:
         tags=["webhooks"],
     )
     return Litestar(
-        route_handlers=[api, healthz, readyz, MetricsController],
+        route_handlers=[api, healthz, readyz, MetricsController, *dashboard.HANDLERS],
         dependencies={
             "store": Provide(provide_store, sync_to_thread=False),
             "client": Provide(provide_client, sync_to_thread=False),

@@ -1,0 +1,321 @@
+// The dashboard: subscriptions with their health, a subscription's delivery log, one
+// delivery's attempts and payload, and the actions of SPEC section 8.
+import { ApiError, call, token } from "./api.js";
+import { button, cell, clear, el, time, timeCell } from "./view.js";
+
+const $ = (id) => document.getElementById(id);
+const PAGE = 25;
+
+const state = {
+  subscriptions: [],
+  log: null,          // {id, target} of the subscription whose log is open
+  cursors: [null],    // `before` cursors of the pages seen; the last is the current page
+  next: null,         // the cursor of the next (older) page
+  delivery: null,     // id of the delivery shown
+  followUp: null,     // timer of the refreshes after an action
+};
+
+function showError(error) {
+  const box = $("error");
+  box.textContent = error instanceof ApiError || error instanceof Error ? error.message : String(error);
+  box.hidden = false;
+  $("notice").textContent = "";
+}
+
+function notify(message) {
+  $("error").hidden = true;
+  $("error").textContent = "";
+  $("notice").textContent = message;
+}
+
+// Runs an action; an error is shown in words, never swallowed.
+async function run(action) {
+  try {
+    await action();
+  } catch (error) {
+    showError(error);
+    if (error instanceof ApiError && error.status === 429) stopFollowUp();
+  }
+}
+
+// --- health ------------------------------------------------------------------------------
+
+// Failing: the last attempt failed (a failure after the last success, if any).
+function failing(sub) {
+  if (!sub.last_failure_at) return false;
+  return !sub.last_success_at || new Date(sub.last_failure_at) >= new Date(sub.last_success_at);
+}
+
+function marks(sub) {
+  const td = el("td");
+  if (failing(sub)) td.append(el("span", { class: "mark failing", text: "failing" }));
+  if (!sub.active) td.append(el("span", { class: "mark disabled", text: "disabled" }));
+  if (!td.childNodes.length) td.append(el("span", { class: "mark healthy", text: "healthy" }));
+  return td;
+}
+
+// --- subscriptions -----------------------------------------------------------------------
+
+async function loadSubscriptions() {
+  const all = [];
+  let after = null;
+  for (let page = 0; page < 20; page += 1) {  // up to 20 000 subscriptions
+    const query = after ? `?limit=1000&after=${encodeURIComponent(after)}` : "?limit=1000";
+    const { data } = await call("GET", `/webhooks/${query}`);
+    all.push(...data);
+    if (data.length < 1000) break;
+    after = data[data.length - 1].id;
+  }
+  state.subscriptions = all;
+  renderSubscriptions();
+}
+
+function renderSubscriptions() {
+  const body = $("subscription-rows");
+  clear(body);
+  $("subscriptions").hidden = false;
+  $("no-subscriptions").hidden = state.subscriptions.length > 0;
+  for (const sub of state.subscriptions) {
+    const failure = el("td", {}, el("div", { text: time(sub.last_failure_at) }));
+    if (sub.last_failure_content) failure.append(el("div", { class: "failure", text: sub.last_failure_content }));
+    const actions = el("td", { class: "actions" },
+      button("Deliveries", () => run(() => openLog(sub))),
+      sub.active
+        ? button("Pause", () => run(() => setActive(sub, false)))
+        : button("Resume", () => run(() => setActive(sub, true))),
+      button("Send test event", () => run(() => sendTest(sub))),
+      button("Rotate secret", () => run(() => rotate(sub))),
+      button("Delete", () => run(() => remove(sub)), "danger"),
+    );
+    const row = el("tr", { attrs: { "data-subscription": sub.id } },
+      cell(sub.id), cell(sub.resource), cell(sub.events), cell(sub.target, "target"),
+      cell(sub.active ? "yes" : "no"), marks(sub), cell(sub.last_status),
+      timeCell(sub.last_success_at), failure, actions);
+    if (state.log && state.log.id === sub.id) row.classList.add("selected");
+    body.append(row);
+  }
+}
+
+async function setActive(sub, active) {
+  await call("PUT", `/webhooks/${sub.id}/`, { active });
+  notify(active ? `Subscription ${sub.id} resumed.` : `Subscription ${sub.id} paused: nothing is delivered to it until it is resumed.`);
+  await loadSubscriptions();
+}
+
+async function sendTest(sub) {
+  const { data } = await call("POST", `/webhooks/${sub.id}/test`);
+  notify(`Test event queued for subscription ${sub.id} as delivery ${data.id}.`);
+  followUp(sub.id);
+}
+
+async function rotate(sub) {
+  await call("POST", `/webhooks/${sub.id}/rotate_secret`);
+  notify(`Secret of subscription ${sub.id} rotated: the target confirmed the new secret; the old one still signs alongside it for the overlap period.`);
+  await loadSubscriptions();
+}
+
+async function remove(sub) {
+  if (!window.confirm(`Delete subscription ${sub.id} (${sub.resource} → ${sub.target})? Its deliveries stop and it cannot be undone.`)) {
+    notify("Nothing deleted.");
+    return;
+  }
+  await call("DELETE", `/webhooks/${sub.id}/`);
+  if (state.log && state.log.id === sub.id) closeLog();
+  notify(`Subscription ${sub.id} deleted.`);
+  await loadSubscriptions();
+}
+
+// --- the delivery log --------------------------------------------------------------------
+
+function closeLog() {
+  state.log = null;
+  state.delivery = null;
+  $("log").hidden = true;
+  $("delivery").hidden = true;
+}
+
+async function openLog(sub) {
+  state.log = { id: sub.id, target: sub.target };
+  state.cursors = [null];
+  state.delivery = null;
+  $("delivery").hidden = true;
+  $("log-title").textContent = `Deliveries of subscription ${sub.id}`;
+  $("log-target").textContent = `${sub.resource}: ${sub.events} → ${sub.target}`;
+  $("log").hidden = false;
+  renderSubscriptions();
+  await loadLog();
+  $("log").scrollIntoView({ block: "nearest" });
+}
+
+async function loadLog() {
+  if (!state.log) return;
+  const params = new URLSearchParams({ limit: String(PAGE) });
+  const status = $("status-filter").value;
+  if (status) params.set("status", status);
+  const before = state.cursors[state.cursors.length - 1];
+  if (before) params.set("before", before);
+  const { data, next } = await call("GET", `/webhooks/${state.log.id}/deliveries?${params}`);
+  state.next = next;
+  renderLog(data);
+}
+
+function renderLog(deliveries) {
+  const body = $("delivery-rows");
+  clear(body);
+  $("no-deliveries").hidden = deliveries.length > 0;
+  for (const d of deliveries) {
+    const row = el("tr", { attrs: { "data-delivery": d.id } },
+      cell(d.id), cell(d.event), cell(d.status, `status-${d.status}`), cell(d.attempts),
+      cell(d.last_status), timeCell(d.created_at), timeCell(d.next_attempt_at),
+      timeCell(d.finished_at),
+      el("td", { class: "actions" },
+        button("Details", () => run(() => openDelivery(d.id))),
+        button("Redeliver", () => run(() => redeliver(d.id)))));
+    if (state.delivery === d.id) row.classList.add("selected");
+    body.append(row);
+  }
+  $("newest-page").disabled = state.cursors.length <= 1;
+  $("previous-page").disabled = state.cursors.length <= 1;
+  $("next-page").disabled = !state.next;
+}
+
+async function redeliver(id) {
+  await call("POST", `/webhooks/${state.log.id}/deliveries/${id}/redeliver`);
+  notify(`Delivery ${id} queued again.`);
+  await loadLog();
+  followUp(state.log.id);
+}
+
+async function recover() {
+  const since = $("recover-since").value;
+  if (!since) throw new Error("Choose the time from which failed deliveries are sent again.");
+  const { data } = await call("POST", `/webhooks/${state.log.id}/recover`, { since: new Date(since).toISOString() });
+  notify(`${data.requeued} failed ${data.requeued === 1 ? "delivery" : "deliveries"} since ${time(new Date(since).toISOString())} queued again.`);
+  await loadLog();
+  followUp(state.log.id);
+}
+
+// --- one delivery ------------------------------------------------------------------------
+
+async function openDelivery(id) {
+  const { data } = await call("GET", `/webhooks/${state.log.id}/deliveries/${id}`);
+  state.delivery = id;
+  $("delivery-title").textContent = `Delivery ${data.id}`;
+  const fields = $("delivery-fields");
+  clear(fields);
+  const rows = [["Event", data.event], ["Event id", data.event_id], ["Status", data.status],
+    ["Attempts", data.attempts], ["Last status", data.last_status], ["Created", time(data.created_at)],
+    ["Next attempt", time(data.next_attempt_at)], ["Finished", time(data.finished_at)],
+    ["webhook-id", `msg_${data.id}`]];
+  for (const [name, value] of rows) {
+    fields.append(el("dt", { text: name }), el("dd", { text: value === null || value === undefined ? "—" : value }));
+  }
+  const attempts = $("attempt-rows");
+  clear(attempts);
+  for (const a of data.attempt_log || []) {
+    attempts.append(el("tr", {}, cell(a.attempt), timeCell(a.attempted_at),
+      cell(a.status === 0 ? "no response" : a.status), cell(a.duration_ms === null ? null : `${a.duration_ms} ms`),
+      cell(a.error, "failure")));
+  }
+  if (!(data.attempt_log || []).length) attempts.append(el("tr", {}, el("td", { class: "muted", text: "No attempt yet.", attrs: { colspan: 5 } })));
+  $("payload").textContent = JSON.stringify(data.payload, null, 2);
+  $("delivery").hidden = false;
+  for (const row of $("delivery-rows").children) row.classList.toggle("selected", row.dataset.delivery === String(id));
+}
+
+// --- refreshes ---------------------------------------------------------------------------
+
+function stopFollowUp() {
+  if (state.followUp) clearTimeout(state.followUp);
+  state.followUp = null;
+}
+
+// After an action that queues deliveries, refresh a few times, backing off (1, 2, 4, 8 s):
+// the worker's answer shows without a reload and without hammering the rate limit.
+function followUp(subscriptionId, delay = 1000) {
+  stopFollowUp();
+  if (delay > 8000) return;
+  state.followUp = setTimeout(() => run(async () => {
+    await loadSubscriptions();
+    if (state.log && state.log.id === subscriptionId) {
+      await loadLog();
+      if (state.delivery) await openDelivery(state.delivery);
+    }
+    followUp(subscriptionId, delay * 2);
+  }), delay);
+}
+
+// --- start -------------------------------------------------------------------------------
+
+async function connect() {
+  closeLog();
+  stopFollowUp();
+  try {
+    await loadSubscriptions();
+  } catch (error) {
+    if (error instanceof ApiError && error.status === 401) {
+      token.clear();
+      $("forget").hidden = true;
+      $("subscriptions").hidden = true;
+    }
+    throw error;
+  }
+  $("forget").hidden = false;
+  notify(`Connected: ${state.subscriptions.length} subscription${state.subscriptions.length === 1 ? "" : "s"}.`);
+}
+
+function defaultRecoverSince() {
+  const day = new Date(Date.now() - 24 * 3600 * 1000);
+  const local = new Date(day.getTime() - day.getTimezoneOffset() * 60000);
+  return local.toISOString().slice(0, 16);
+}
+
+function start() {
+  $("connect").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const value = $("token").value.trim();
+    if (!value) {
+      showError("Paste an API token first.");
+      return;
+    }
+    token.set(value);
+    run(connect);
+  });
+  $("forget").addEventListener("click", () => {
+    token.clear();
+    $("token").value = "";
+    closeLog();
+    stopFollowUp();
+    state.subscriptions = [];
+    $("subscriptions").hidden = true;
+    $("forget").hidden = true;
+    notify("Token forgotten.");
+  });
+  $("refresh-subscriptions").addEventListener("click", () => run(loadSubscriptions));
+  $("refresh-log").addEventListener("click", () => run(loadLog));
+  $("status-filter").addEventListener("change", () => {
+    state.cursors = [null];
+    run(loadLog);
+  });
+  $("recover").addEventListener("click", () => run(recover));
+  $("next-page").addEventListener("click", () => {
+    if (!state.next) return;
+    state.cursors.push(state.next);
+    run(loadLog);
+  });
+  $("previous-page").addEventListener("click", () => {
+    if (state.cursors.length > 1) state.cursors.pop();
+    run(loadLog);
+  });
+  $("newest-page").addEventListener("click", () => {
+    state.cursors = [null];
+    run(loadLog);
+  });
+  $("recover-since").value = defaultRecoverSince();
+  if (token.get()) {
+    $("token").value = token.get();
+    run(connect);
+  }
+}
+
+start();
