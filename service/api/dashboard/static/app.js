@@ -214,7 +214,7 @@ async function openDelivery(id) {
   clear(attempts);
   for (const a of data.attempt_log || []) {
     attempts.append(el("tr", {}, cell(a.attempt), timeCell(a.attempted_at),
-      cell(a.status === 0 ? "no response" : a.status), cell(a.duration_ms === null ? null : `${a.duration_ms} ms`),
+      cell(a.status === 0 ? "no response" : a.status), cell(a.duration_ms === null || a.duration_ms === undefined ? null : `${Number(a.duration_ms).toFixed(1)} ms`),
       cell(a.error, "failure")));
   }
   if (!(data.attempt_log || []).length) attempts.append(el("tr", {}, el("td", { class: "muted", text: "No attempt yet.", attrs: { colspan: 5 } })));
