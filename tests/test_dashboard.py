@@ -173,6 +173,18 @@ async def run_the_page(api: Api, browser: Any, healthy: dict[str, Any],
         assert api.sql("SELECT active FROM webhooks.subscriptions WHERE id = %s",
                        failing["id"]) == [(True,)]
 
+        # Recover: a test event fails while the target is down; once it is up again,
+        # Recover (failed since a day ago, the default) sends it again.
+        failing_receiver.behaviour = status(503, body="down for maintenance")
+        await bad.get_by_role("button", name="Send test event").click()
+        await expect(page.get_by_role("status")).to_contain_text("Test event queued")
+        await expect(log.first).to_contain_text("webhook.test")
+        await expect(log.first).to_contain_text("failed")
+        failing_receiver.behaviour = echo_secret
+        await page.get_by_role("button", name="Recover", exact=True).click()
+        await expect(page.get_by_role("status")).to_contain_text("1 failed delivery")
+        await expect(log.first).to_contain_text("succeeded")
+
         # Send test event, Rotate secret against the real receiver (it echoes X-Hook-Secret).
         await good.get_by_role("button", name="Send test event").click()
         await expect(page.get_by_role("status")).to_contain_text("Test event queued")
