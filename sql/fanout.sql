@@ -54,4 +54,30 @@ SELECT o.id AS outbox_id, c.n, o.hook_resource, o.name, o.resource, c.resource_i
   FROM webhooks.outbox o
  CROSS JOIN LATERAL webhooks.changes(o) c;
 
+-- The delivery body of an event (SPEC section 5; `parent` goes inside `event`), built
+-- once per event when it is queued: fan-out, the operational events and test events all
+-- use it. `members` holds what follows the envelope (`resource`, or `resource_omitted`);
+-- || adds optional members only when present (jsonb_strip_nulls would also drop a row's
+-- own null columns). Every name is qualified and nothing is SET, so fan-out's statement
+-- inlines it.
+CREATE OR REPLACE FUNCTION webhooks.event_body(
+    event_id bigint, name text, resource text, resource_id jsonb, user_id text,
+    occurred_at timestamptz, parent jsonb DEFAULT NULL, members jsonb DEFAULT '{}'
+) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT (pg_catalog.jsonb_build_object(
+                'event', pg_catalog.jsonb_build_object(
+                    'id', event_id,
+                    'name', name,
+                    'resource', resource,
+                    'resource_id', resource_id,
+                    'user_id', user_id,
+                    'occurred_at', pg_catalog.to_char(occurred_at AT TIME ZONE 'UTC',
+                                                      'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+                OPERATOR(pg_catalog.||) CASE WHEN parent IS NULL THEN '{}'::pg_catalog.jsonb
+                                             ELSE pg_catalog.jsonb_build_object('parent', parent)
+                                        END)
+            OPERATOR(pg_catalog.||) members)::pg_catalog.text
+$$;
+
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA webhooks FROM PUBLIC;

@@ -42,17 +42,11 @@ BEGIN
     INSERT INTO webhooks.events (id, hook_resource, name, tenant, occurred_at, body)
     VALUES (v_event, 'webhooks', lifecycle_event.event_name, lifecycle_event.subject.tenant,
             now(),
-            jsonb_build_object(
-                'event', jsonb_build_object(
-                    'id', v_event,
-                    'name', lifecycle_event.event_name,
-                    'resource', 'webhooks',
-                    'resource_id', lifecycle_event.subject.id,
-                    'user_id', NULL,
-                    'occurred_at', to_char(now() AT TIME ZONE 'UTC',
-                                           'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')),
-                'resource', webhooks.subscription_json(lifecycle_event.subject)::jsonb
-            )::text);
+            webhooks.event_body(
+                v_event, lifecycle_event.event_name, 'webhooks',
+                to_jsonb(lifecycle_event.subject.id), NULL, now(), NULL,
+                jsonb_build_object('resource',
+                                   webhooks.subscription_json(lifecycle_event.subject)::jsonb)));
     INSERT INTO webhooks.deliveries (event_id, subscription_id)
     SELECT v_event, r FROM unnest(v_recipients) AS r;
     GET DIAGNOSTICS v_count = ROW_COUNT;

@@ -74,7 +74,7 @@ SELECT webhooks.recover(%(subscription_id)s, %(since)s, %(until)s) AS requeued
 
 -- name: deliveries_test --
 -- A `webhook.test` event for one active subscription (whatever its events), with the body
--- built as fan-out builds bodies (sql/queries/fanout.sql, `kept`) and no `resource`
+-- built by webhooks.event_body, as fan-out builds bodies, and no `resource`
 -- member, and one delivery to that subscription only. No row when the subscription is
 -- unknown or inactive. A waiting worker is woken (the conditional NOTIFY).
 WITH s AS (
@@ -84,14 +84,8 @@ WITH s AS (
 ), ev AS (
     INSERT INTO webhooks.events (id, hook_resource, name, tenant, occurred_at, body)
     SELECT x.event_id, 'webhooks', 'webhook.test', s.tenant, x.at,
-           jsonb_build_object('event', jsonb_build_object(
-               'id', x.event_id,
-               'name', 'webhook.test',
-               'resource', 'webhooks',
-               'resource_id', s.id,
-               'user_id', s.owner,
-               'occurred_at', to_char(x.at AT TIME ZONE 'UTC',
-                                      'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))::text
+           webhooks.event_body(x.event_id, 'webhook.test', 'webhooks', to_jsonb(s.id),
+                               s.owner, x.at)
       FROM s
      CROSS JOIN LATERAL (SELECT nextval('webhooks.event_ids'::regclass) AS event_id,
                                 now() AS at) x

@@ -63,29 +63,17 @@ WITH lock AS (
 ), kept AS (
     INSERT INTO webhooks.events (id, hook_resource, name, tenant, occurred_at, body)
     SELECT ch.event_id, ch.hook_resource, ch.name, ch.tenant, ch.occurred_at,
-           -- || adds the optional members only when present; jsonb_strip_nulls would
-           -- also drop the row's own null columns.
-           (jsonb_build_object(
-               'event', jsonb_build_object(
-                   'id', ch.event_id,
-                   'name', ch.name,
-                   'resource', ch.resource,
-                   'resource_id', ch.resource_id,
-                   'user_id', ch.user_id,
-                   'occurred_at', to_char(ch.occurred_at AT TIME ZONE 'UTC',
-                                          'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
-               || CASE WHEN ch.parent_resource IS NOT NULL
-                       THEN jsonb_build_object('parent', jsonb_build_object(
-                                'resource', ch.parent_resource,
-                                'resource_id', ch.parent_id))
-                       ELSE '{}'::jsonb END)
-           -- A row over the size limit is left out and flagged, rather than blocking
-           -- the queue with a body no target would take.
-           || CASE WHEN ch.row_data IS NULL THEN '{}'::jsonb
-                   WHEN octet_length(ch.row_data::text) <= %(max_row_bytes)s
-                   THEN jsonb_build_object('resource', ch.row_data)
-                   ELSE jsonb_build_object('resource_omitted', 'too_large') END
-           )::text
+           webhooks.event_body(
+               ch.event_id, ch.name, ch.resource, ch.resource_id, ch.user_id, ch.occurred_at,
+               CASE WHEN ch.parent_resource IS NOT NULL
+                    THEN jsonb_build_object('resource', ch.parent_resource,
+                                            'resource_id', ch.parent_id) END,
+               -- A row over the size limit is left out and flagged, rather than blocking
+               -- the queue with a body no target would take.
+               CASE WHEN ch.row_data IS NULL THEN '{}'::jsonb
+                    WHEN octet_length(ch.row_data::text) <= %(max_row_bytes)s
+                    THEN jsonb_build_object('resource', ch.row_data)
+                    ELSE jsonb_build_object('resource_omitted', 'too_large') END)
       FROM changes ch
      WHERE ch.event_id IN (SELECT event_id FROM matched)
     RETURNING id
