@@ -133,12 +133,12 @@ class Store:
 
 
 def run_sync(conn: psycopg.Connection[Any], name: str, params: Params = None, *,
-             row: RowFactory[Any] = tuple_row, many: bool = True) -> list[Any]:
+             row: RowFactory[Any] = tuple_row) -> list[Any]:
     """The commands' way to run a named query on their one plain connection."""
     with translated():
         cur = conn.cursor(row_factory=row)
         cur.execute(query(name), params)
-        return cur.fetchall() if many and cur.description else []
+        return cur.fetchall() if cur.description else []
 
 
 def run_many_sync(conn: psycopg.Connection[Any], name: str,

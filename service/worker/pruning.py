@@ -24,10 +24,7 @@ async def prune(store: Store, retention: float) -> int:
             total += removed
             if removed < PRUNE_BATCH:
                 break
-    async with store.session() as s:
-        row = await s.one("relation_exists", {"name": "webhooks.worker_tasks"})
-        if row is not None and row["present"]:
-            await s.run("prune_worker_tasks", {"retention": retention})
+    await store.run("prune_worker_tasks", {"retention": retention})
     return total
 
 

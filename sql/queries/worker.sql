@@ -228,9 +228,6 @@ ON CONFLICT (worker, task) DO UPDATE
 DELETE FROM webhooks.worker_tasks
  WHERE last_crash_at < now() - make_interval(secs => %(retention)s)
 
--- name: relation_exists --
-SELECT to_regclass(%(name)s) IS NOT NULL AS present
-
 -- name: lifecycle --
 -- One round of operational events and auto-disable (webhooks.lifecycle in
 -- sql/lifecycle.sql); a disable_after of 0 turns auto-disable off.
