@@ -168,10 +168,12 @@ async def test_every_bad_token_gets_the_same_answer(api: Api,
         revoked_id, revoked = tokens.create(conn, "alice")
         tokens.revoke(conn, revoked_id)
     good = api.token
-    flip = "A" if good[-1] != "A" else "B"
+    def flip(c: str) -> str:
+        return "A" if c != "A" else "B"
+
     candidates = [
-        good[:-1] + flip,                   # near miss: last character
-        good[:4] + flip + good[5:],         # near miss: first random character
+        good[:-1] + flip(good[-1]),         # near miss: last character
+        good[:4] + flip(good[4]) + good[5:],  # near miss: first random character
         good[:-1],                          # one short
         good + "A",                         # one long
         "wht_" + "A" * 43,                  # well-formed, unknown
