@@ -22,7 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench import api, capture, delivery, report, resilience, scale
+from bench import api, capture, delivery, report, resilience, scale, scale_queue
 from bench.common import BENCH_DB, Procs, Result, drop_database, error_result, recreate_database
 from bench.context import Context
 
@@ -36,6 +36,7 @@ SCENARIOS: dict[str, Scenario] = {
     "backlog": resilience.backlog,
     "isolation": resilience.isolation,
     "api": api.scenario,
+    "fanout_scale": scale_queue.fanout_scale,
 }
 NEEDS_RECEIVER = set(SCENARIOS) - {"capture", "capture_scale"}
 
