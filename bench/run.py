@@ -37,6 +37,7 @@ SCENARIOS: dict[str, Scenario] = {
     "isolation": resilience.isolation,
     "api": api.scenario,
     "fanout_scale": scale_queue.fanout_scale,
+    "api_scale": scale_queue.api_scale,
 }
 NEEDS_RECEIVER = set(SCENARIOS) - {"capture", "capture_scale"}
 
