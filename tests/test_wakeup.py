@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import psycopg
@@ -61,3 +62,44 @@ async def test_a_backlog_disarms_and_the_worker_keeps_polling(
             # With nobody armed no NOTIFY is sent; the worker's 50 ms checks still find these.
             add_invoice(conn, "AFTER")
             await receiver.wait_for(lambda r: len(r.deliveries()) == 32, timeout=10)
+
+
+async def test_a_steady_load_after_a_backlog_arms_the_worker_again(
+        db_url: str, conn: psycopg.Connection) -> None:
+    """Under a steady load the outbox is never empty when the worker looks (there are a
+    few dozen statements for every 50 ms check); once a backlog has disarmed it, the
+    worker must still go back to NOTIFY, not stay at polling speed while the load lasts."""
+    batch = 400
+    async with Receiver() as receiver:
+        subscribe(conn, receiver.url)
+        async with running_worker(db_url, poll_interval=30.0, batch_size=batch) as worker:
+            await poll(lambda: wakeup_pids(conn) == [worker.listener.pid])
+            stop = threading.Event()
+            written = [0, 0]
+
+            def steady(n: int) -> None:
+                # Commits back to back, never stopping while the test looks.
+                with psycopg.connect(db_url, autocommit=True) as writer:
+                    writer.execute("SET synchronous_commit = off")
+                    while not stop.is_set():
+                        add_invoice(writer, f"S{n}-{written[n]}")
+                        written[n] += 1
+
+            threads = [threading.Thread(target=steady, args=(n,)) for n in range(2)]
+            for t in threads:
+                t.start()
+            try:
+                await poll(lambda: min(written) > 20, what="the steady load")
+                # One transaction of three batches' worth of statements: a backlog.
+                conn.execute("DO $$ BEGIN FOR i IN 1..%s LOOP INSERT INTO invoices "
+                             "(number, customer, amount) VALUES ('B-' || i, 'c', 1); "
+                             "END LOOP; END $$" % (3 * batch))
+                await poll(lambda: worker.stats.disarmed >= 1, what="the backlog disarming")
+                await poll(lambda: wakeup_pids(conn) == [worker.listener.pid], timeout=10,
+                           what="the worker armed again under a steady load")
+                assert all(t.is_alive() for t in threads)  # the load still runs
+            finally:
+                stop.set()
+                for t in threads:
+                    t.join()
+            assert len(receiver.deliveries()) > 0

@@ -127,3 +127,14 @@ async def test_disarming_forgets_the_row_even_when_the_delete_fails() -> None:
     assert await w.after_fanout(store, taken=BATCH, now=1.0) is Step.DISARM
     assert w.armed_pid is None and w.armed_at is None
     await w.disarm(store)  # not armed: nothing to do
+
+
+def test_a_worker_disarmed_by_a_backlog_arms_again_once_it_keeps_up() -> None:
+    # A steady load leaves a few statements for every check: the outbox is never empty.
+    w = Wakeup(FakeListener(7), batch_size=BATCH, poll_interval=POLL)
+    assert w.decide(taken=BATCH // 2) is Step.ARM
+    assert w.decide(taken=1) is Step.ARM
+    # Between half and a full batch the state is kept either way: no flapping.
+    assert w.decide(taken=BATCH // 2 + 1) is Step.KEEP
+    w, _ = armed()
+    assert w.decide(taken=BATCH - 1) is Step.KEEP

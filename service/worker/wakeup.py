@@ -44,19 +44,24 @@ class Wakeup:
        autocommit. Its backend pid names the worker's wakeup row. Every notification, and
        every (re)connection (to catch up on what was missed), marks the outbox due.
     3. Arming (`wakeup_arm` in sql/queries/worker.sql): after a fan-out that found the
-       outbox empty, with a listener whose pid is not the one armed, the worker inserts
-       that pid in webhooks.wakeups, deleting its previous pid's row and the rows of pids
-       no longer in pg_stat_activity (killed workers, restarts). A writer whose trigger
-       ran before the row was visible commits without a NOTIFY, so the outbox is checked
-       once more at once, then 50 ms, about 100, 200, 400 ms ... after arming, up to the
-       poll interval.
+       outbox empty or nearly so (point 4), with a listener whose pid is not the one
+       armed, the worker inserts that pid in webhooks.wakeups, deleting its previous
+       pid's row and the rows of pids no longer in pg_stat_activity (killed workers,
+       restarts). A writer whose trigger ran before the row was visible commits without
+       a NOTIFY, so the outbox is checked once more at once, then 50 ms, about 100, 200,
+       400 ms ... after arming, up to the poll interval.
     4. Disarming (`wakeup_disarm`): a fan-out batch that came back full is a backlog:
        writers commit faster than one notification per batch could help. The worker
-       deletes its row and checks the outbox every 50 ms. A partial batch changes nothing,
-       so a steady light load stays armed and each commit's NOTIFY keeps latency low.
+       deletes its row and checks the outbox every 50 ms. Re-arming does not wait for an
+       empty outbox: a fan-out that took at most half a batch (the worker keeps up, with
+       room to spare) arms again, so a steady load that leaves a few statements for every
+       50 ms check goes back to NOTIFY and its latency to a round trip, instead of staying
+       at polling speed for as long as the load lasts. Between half and a full batch the
+       state is kept (no flapping at the boundary); an armed worker stays armed on any
+       partial batch, so a steady light load keeps each commit's NOTIFY.
     5. While not armed, or armed with a listener pid that is gone (the listener is
        reconnecting), no NOTIFY can come: the outbox is checked every 50 ms, and the next
-       empty fan-out arms with the new pid.
+       fan-out of at most half a batch arms with the new pid.
     6. Only the worker that held the fan-out lock learns how full the outbox was; the
        others keep their state. Shutdown disarms. A row left behind (a crash, a failed
        delete) only costs writers a NOTIFY; the next arming of any worker removes it.
@@ -105,8 +110,8 @@ class Wakeup:
         """What a fan-out that took `taken` outbox rows asks of the row (points 3 and 4)."""
         if taken >= self.batch_size:
             return Step.DISARM if self.armed_pid is not None else Step.KEEP
-        if taken > 0:
-            return Step.KEEP
+        if taken > self.batch_size // 2:
+            return Step.KEEP  # between half and a full batch: no flapping
         pid = self.listener.pid
         if pid is None or pid == self.armed_pid:
             return Step.KEEP
