@@ -22,7 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench import api, capture, delivery, report, resilience, scale, scale_queue
+from bench import api, capture, delivery, load, report, resilience, scale, scale_queue
 from bench.common import BENCH_DB, Procs, Result, drop_database, error_result, recreate_database
 from bench.context import Context
 
@@ -35,6 +35,9 @@ SCENARIOS: dict[str, Scenario] = {
     "fanout": delivery.fanout,
     "backlog": resilience.backlog,
     "isolation": resilience.isolation,
+    "burst_one": load.burst_one,
+    "latency_load": load.latency_load,
+    "workers_two": load.workers_two,
     "api": api.scenario,
     "fanout_scale": scale_queue.fanout_scale,
     "api_scale": scale_queue.api_scale,
