@@ -41,6 +41,7 @@ SCENARIOS: dict[str, Scenario] = {
     "api": api.scenario,
     "fanout_scale": scale_queue.fanout_scale,
     "api_scale": scale_queue.api_scale,
+    "retention": scale_queue.retention,
 }
 NEEDS_RECEIVER = set(SCENARIOS) - {"capture", "capture_scale"}
 

@@ -13,6 +13,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+from typing import Any
+
+import psycopg
+
 from bench import api
 from bench.common import (
     PYTHON,
@@ -20,13 +27,18 @@ from bench.common import (
     ceiling_result,
     connect,
     create_table,
+    info_result,
     insert_rows,
+    percentile,
     ratio_result,
     reset_service_state,
+    subscribe,
     wait_until,
 )
 from bench.context import Context
 from service.api.handshake import new_secret
+from service.store import Store, make_pool
+from service.worker import pruning
 from tests.support.subscriptions import subscribe_many
 
 PAD = 400  # row padding: deliveries of about 600 bytes, like the raw client's body
@@ -154,4 +166,218 @@ def api_scale(ctx: Context) -> list[Result]:
                many.p99_ms, alone.p99_ms, "ms", "ratio ≤ 1.5",
                None if p99_ratio is None else p99_ratio <= 1.5, p99_ratio,
                "limit = the p99 of the same list alone"),
+    ]
+
+
+RET_TABLE = "ret_rows"  # the writers' attached table, delivered by a running worker
+RET_OLD = "ret_old_rows"  # the resource of the old events (nothing writes it)
+RET_SUBSCRIPTIONS = 10  # the old deliveries: one per old event and subscription
+RET_RETENTION = 7 * 86400.0  # WEBHOOKS_RETENTION's default
+RET_DAYS = 20  # the old rows span the 20 days before the retention
+WRITES_PER_SECOND = 100.0
+
+
+def _exists(conn: psycopg.Connection[Any], query: str) -> bool:
+    row = conn.execute(query).fetchone()
+    return bool(row and row[0])
+
+
+def _seed_old_deliveries(conn: psycopg.Connection[Any], deliveries: int) -> tuple[float, str]:
+    """Inserts `deliveries` finished deliveries (one attempt each) of old events, spread
+    over the RET_DAYS days before the retention; returns (seconds, what was done)."""
+    started = time.monotonic()
+    create_table(conn, RET_OLD, attach=RET_OLD)
+    subscribe_many(conn, RET_SUBSCRIPTIONS, resource=RET_OLD,
+                   events=[f"{RET_OLD[:-1]}.create"], owner="old", tenant="tenant",
+                   secret=new_secret())
+    subs = [r[0] for r in conn.execute("SELECT id FROM webhooks.subscriptions"
+                                       " WHERE resource = %s", (RET_OLD,))]
+    span = (f"now() - make_interval(secs => {RET_RETENTION:.0f}) - interval '{RET_DAYS} days'",
+            f"now() - make_interval(secs => {RET_RETENTION:.0f}) - interval '1 hour'")
+    did = []
+    # Time-partitioned queue tables take rows of a day only once its partition exists.
+    if _exists(conn, "SELECT count(*) FROM pg_proc p JOIN pg_namespace n"
+                     " ON n.oid = p.pronamespace WHERE n.nspname = 'webhooks'"
+                     " AND p.proname = 'ensure_partitions'"):
+        row = conn.execute(f"SELECT webhooks.ensure_partitions({span[0]} - interval '1 day',"
+                           f" {span[1]} + interval '1 day')").fetchone()
+        did.append(f"ensure_partitions made {row[0] if row else '?'} partitions")
+    elif _exists(conn, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"):
+        # The rows are consistent by construction; checking each one's foreign keys
+        # (deliveries to events and subscriptions, attempts to deliveries) would triple
+        # the seeding time. The setting skips those checks for this session only.
+        conn.execute("SET session_replication_role = replica")
+        did.append("foreign key checks skipped while seeding")
+    created = _exists(conn, "SELECT count(*) FROM information_schema.columns"
+                            " WHERE table_schema = 'webhooks' AND table_name = 'events'"
+                            " AND column_name = 'created_at'")
+    events = deliveries // len(subs)
+    # Event i happened at `start + i/events of the span`: ids and times rise together.
+    conn.execute(
+        "INSERT INTO webhooks.events (id, hook_resource, name, tenant, occurred_at, body"
+        + (", created_at" if created else "") + ")"
+        " SELECT nextval('webhooks.event_ids'), %(resource)s, %(name)s, NULL, t.at,"
+        " %(body)s" + (", t.at" if created else "") +
+        f" FROM generate_series(1, %(events)s) AS i, LATERAL (SELECT {span[0]}"
+        f" + (i::float8 / %(events)s) * ({span[1]} - ({span[0]}))) AS t (at)",
+        {"resource": RET_OLD, "name": f"{RET_OLD[:-1]}.create", "events": events,
+         "body": '{"event": {"name": "row.create"}, "resource": {"pad": "' + "x" * 400
+                 + '"}}'})
+    # Every tenth one failed after its retries; the others succeeded at once.
+    conn.execute(
+        "INSERT INTO webhooks.deliveries (event_id, subscription_id, status, attempts,"
+        " next_attempt_at, created_at, finished_at)"
+        " SELECT e.id, s.id, CASE WHEN (e.id + s.id) %% 10 = 0 THEN 'failed'"
+        " ELSE 'succeeded' END, 1, e.occurred_at, e.occurred_at,"
+        " e.occurred_at + interval '1 second'"
+        " FROM webhooks.events e CROSS JOIN unnest(%(subs)s::bigint[]) AS s (id)"
+        " WHERE e.hook_resource = %(resource)s ORDER BY e.id, s.id",
+        {"subs": subs, "resource": RET_OLD})
+    conn.execute(
+        "INSERT INTO webhooks.attempts (delivery_id, subscription_id, attempt, attempted_at,"
+        " status, duration_ms) SELECT d.id, d.subscription_id, 1, d.finished_at,"
+        " CASE WHEN d.status = 'failed' THEN 503 ELSE 200 END, 3.5"
+        " FROM webhooks.deliveries d WHERE d.subscription_id = ANY (%(subs)s::bigint[])",
+        {"subs": subs})
+    conn.execute("RESET session_replication_role")
+    seconds = time.monotonic() - started
+    # Old rows have long been vacuumed and analysed by the time retention reaches them.
+    conn.execute("VACUUM ANALYZE webhooks.events, webhooks.deliveries, webhooks.attempts")
+    did.append(f"{events:,} events, {events * len(subs):,} deliveries and attempts over "
+               f"{RET_DAYS} days inserted in {seconds:.1f}s, VACUUM ANALYZE "
+               f"{time.monotonic() - started - seconds:.1f}s")
+    return seconds, "; ".join(did)
+
+
+def _old_rows(conn: psycopg.Connection[Any]) -> int:
+    cutoff = f"now() - make_interval(secs => {RET_RETENTION:.0f})"
+    row = conn.execute(f"SELECT (SELECT count(*) FROM webhooks.deliveries WHERE created_at"
+                       f" < {cutoff}) + (SELECT count(*) FROM webhooks.events"
+                       f" WHERE occurred_at < {cutoff})").fetchone()
+    return int(row[0]) if row else 0
+
+
+class Writers:
+    """A thread inserting single rows into RET_TABLE at WRITES_PER_SECOND, each in its own
+    transaction; records (start, latency ms) of each."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.samples: list[tuple[float, float]] = []
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="writers", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            with connect(self.url) as conn:
+                start = time.perf_counter()
+                i = 0
+                while not self.stop.is_set():
+                    delay = start + i / WRITES_PER_SECOND - time.perf_counter()
+                    if delay > 0:
+                        self.stop.wait(delay)
+                    t0 = time.perf_counter()
+                    conn.execute(f"INSERT INTO {RET_TABLE} (a, b) VALUES (%s, 'x')", (i,))
+                    self.samples.append((t0, (time.perf_counter() - t0) * 1000.0))
+                    i += 1
+        except BaseException as exc:  # reported by the scenario
+            self.error = exc
+
+    def between(self, t0: float, t1: float) -> list[float]:
+        """Latencies (ms) of the writes started in [t0, t1] (time.perf_counter())."""
+        return [ms for at, ms in list(self.samples) if t0 <= at <= t1]
+
+
+async def _prune(url: str, budget: float) -> int | None:
+    """pruning.prune as the worker calls it; None when it did not finish within `budget`
+    seconds (it is cancelled: the batch in progress rolls back)."""
+    pool = make_pool(url, min_size=1, max_size=2, name="bench-prune")
+    await pool.open(wait=True)
+    try:
+        return await asyncio.wait_for(pruning.prune(Store(pool), RET_RETENTION), budget)
+    except TimeoutError:
+        return None
+    finally:
+        await pool.close()
+
+
+def retention(ctx: Context) -> list[Result]:
+    """Pruning 5,000,000 old finished deliveries while writers run: the writers' p99 before
+    and during, and how long the prune takes."""
+    n = 500_000 if ctx.quick else 5_000_000
+    before_s = 5.0 if ctx.quick else 10.0
+    # Today's batched DELETEs take minutes for 5,000,000 rows: past the budget the prune
+    # is stopped and its rate gives the estimate. The writes of the 2 s after it ends
+    # count as "during" too, so that a prune of a few milliseconds still has a sample.
+    budget = 60.0 if ctx.quick else 45.0
+    after_s = 2.0
+    with connect(ctx.url) as conn:
+        reset_service_state(conn)
+        seed_s, seeded = _seed_old_deliveries(conn, n)
+        old = _old_rows(conn)
+        create_table(conn, RET_TABLE, attach=RET_TABLE, pad=PAD)
+        subscribe(conn, RET_TABLE, [ctx.target("ret")])
+        ctx.reset_receiver()
+        # The worker's own pruner must not touch the old rows: this scenario prunes.
+        with ctx.worker(WEBHOOKS_RETENTION="3650d") as worker:
+            writers = Writers(ctx.url)
+            writers.thread.start()
+            try:
+                if not wait_until(lambda: ctx.count("ret") > 0 or writers.error is not None,
+                                  30):
+                    raise RuntimeError("no write was delivered in 30s")
+                t0 = time.perf_counter()
+                wait_until(lambda: time.perf_counter() - t0 >= before_s
+                           or writers.error is not None, before_s + 5, interval=0.2)
+                mark = ctx.cpu_mark(worker)
+                p0 = time.perf_counter()
+                pruned = asyncio.run(_prune(ctx.url, budget))
+                p1 = time.perf_counter()
+                cpu = ctx.cpu_note(worker, mark)
+                wait_until(lambda: time.perf_counter() - p1 >= after_s
+                           or writers.error is not None, after_s + 5, interval=0.1)
+                p2 = max(p1, p0 + after_s)
+            finally:
+                writers.stop.set()
+                writers.thread.join(10)
+            if writers.error is not None:
+                raise RuntimeError(f"the writers failed: {writers.error}")
+            written = len(writers.samples)
+            delivered = ctx.wait_count("ret", written, 30)
+        left = _old_rows(conn)
+        conn.execute("TRUNCATE webhooks.outbox")
+        reset_service_state(conn)
+        conn.execute(f"DROP TABLE {RET_TABLE}, {RET_OLD}")
+    before = writers.between(t0, p0)
+    during = writers.between(p0, p2)
+    if not before or not during:
+        raise RuntimeError(f"too few writes: {len(before)} before, {len(during)} during")
+    took = p1 - p0
+    removed = old - left
+    if pruned is None:
+        rate = removed / took
+        how = (f"stopped after {took:.0f}s (budget), {removed:,} of {old:,} old deliveries "
+               f"and events gone ({rate:,.0f} rows/s): all of them would take about "
+               f"{old / rate:,.0f}s" if rate else f"nothing removed in {took:.0f}s")
+        figure = old / rate if rate else None
+    else:
+        how = (f"returned {pruned:,}; {old:,} old deliveries and events before, {left:,} "
+               f"after ({removed / took:,.0f} rows/s)")
+        figure = took
+    p99_ratio = percentile(during, 99) / percentile(before, 99)
+    notes = (f"{len(before):,} writes before in {p0 - t0:.1f}s, {len(during):,} during "
+             f"(and {after_s:g}s after); "
+             f"p50 {percentile(before, 50):.2f} → {percentile(during, 50):.2f} ms, max "
+             f"{max(before):.1f} → {max(during):.1f} ms; single-row INSERTs at "
+             f"{WRITES_PER_SECOND:g}/s on an attached table, each delivered by a running "
+             f"worker ({delivered:,} of {written:,} arrived)")
+    return [
+        Result("retention: writers' p99 while it runs", percentile(during, 99),
+               percentile(before, 99), "ms", "ratio ≤ 2", p99_ratio <= 2.0, p99_ratio,
+               notes + "; limit = their p99 just before"),
+        info_result(f"retention: prune {n:,} old deliveries"
+                    + ("" if pruned is not None else " (estimate)"), figure, seed_s, "s",
+                    f"pruning.prune as the worker calls it: {how}; limit = inserting "
+                    f"them; {seeded}; during the prune: {cpu}"),
     ]
