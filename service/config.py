@@ -150,7 +150,8 @@ class Settings:
     delivery_timeout: float = setting("WEBHOOKS_DELIVERY_TIMEOUT", number(0.001), 10.0)
     verify_timeout: float = setting("WEBHOOKS_VERIFY_TIMEOUT", number(0.001), 10.0)
     concurrency: int = setting("WEBHOOKS_CONCURRENCY", whole, 64)
-    per_target_concurrency: int = setting("WEBHOOKS_PER_TARGET_CONCURRENCY", whole, 8)
+    # The most a subscription's adaptive window may grow to (service/worker/slots.py).
+    per_target_concurrency: int = setting("WEBHOOKS_PER_TARGET_CONCURRENCY", whole, 64)
     # Deliveries in flight per owner in one worker; None: half of the worker's concurrency.
     per_owner_concurrency: int | None = setting("WEBHOOKS_PER_OWNER_CONCURRENCY", whole, None)
     # Name lookups of targets: their own timeout; the system's name servers unless given.

@@ -8,7 +8,7 @@ import pytest
 
 from service.outcomes import Answer, classify
 from service.worker.delivery import Claim
-from service.worker.slots import Slots, saturated, saturated_owners
+from service.worker.slots import INITIAL_WINDOW, Slots, saturated, saturated_owners
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 _ids = iter(range(1, 10_000))
@@ -76,7 +76,10 @@ def test_a_struggling_target_is_degraded_until_it_succeeds() -> None:
         assert s.degraded == {5}, status  # neither struggling nor a success: unchanged
     s.answered(5, 204)
     assert s.degraded == set()
-    assert s.saturated() == []
+    # Each trouble halved the window: it starts again from one and grows on fast answers.
+    assert s.cap(5) == 1 and s.saturated() == [5]
+    s.answered(5, 204, duration_ms=1.0)
+    assert s.cap(5) == 2 and s.saturated() == []
 
 
 def test_an_attempt_in_flight_too_long_degrades_its_subscription() -> None:
@@ -112,3 +115,95 @@ def test_saturation_helpers() -> None:
 def test_the_outcome_classifier(status: int, answer: Answer) -> None:
     assert classify(status) is answer
     assert answer.honours_retry_after == (status in (429, 503))
+
+
+def test_a_fast_target_grows_its_window_up_to_the_maximum() -> None:
+    s = slots(concurrency=64, per_target=20)
+    assert s.cap(1) == INITIAL_WINDOW
+    for _ in range(200):
+        c = claim(1)
+        for _ in range(s.cap(1)):
+            s.take(claim(1), 0.0)  # the window is in use
+        s.take(c, 0.0)
+        s.answered(1, 200, duration_ms=2.0)
+        for sid_claim, _ in list(s.inflight.values()):
+            s.handed_over(sid_claim)
+            s.free(sid_claim)
+    assert s.cap(1) == 20  # never past WEBHOOKS_PER_TARGET_CONCURRENCY
+    assert slots(per_target=3).cap(1) == 3  # a lower maximum is also the start
+
+
+def test_a_window_grows_only_while_in_use_and_answers_stay_fast() -> None:
+    s = slots(concurrency=64, per_target=64, slow_after=1.0)
+    s.take(claim(1), 0.0)
+    s.answered(1, 200, duration_ms=2.0)
+    assert s.cap(1) == INITIAL_WINDOW  # one in flight of eight: a trickle, no growth
+    for _ in range(INITIAL_WINDOW):
+        s.take(claim(1), 0.0)
+    s.answered(1, 200, duration_ms=2.0)
+    assert s.cap(1) == INITIAL_WINDOW + 1
+    s.answered(1, 200, duration_ms=50.0)  # far slower than the target's usual answers
+    s.answered(1, 200, duration_ms=600.0)  # over half the slow mark
+    assert s.cap(1) == INITIAL_WINDOW + 1
+
+
+@pytest.mark.parametrize("status", [0, 429, 503, 500])
+def test_trouble_halves_the_window_then_it_grows_by_about_one_per_window(status: int) -> None:
+    s = slots(concurrency=64, per_target=64)
+    for _ in range(32):
+        s.take(claim(1), 0.0)
+    for _ in range(8):
+        s.answered(1, 200, duration_ms=2.0)
+    assert s.cap(1) == 16
+    s.answered(1, status, duration_ms=2.0)
+    assert 1 in s.degraded and s.cap(1) == 1
+    s.answered(1, 200, duration_ms=2.0)
+    assert s.cap(1) == 8  # half of 16, and no more slow start
+    for _ in range(8):
+        s.answered(1, 200, duration_ms=2.0)
+    assert s.cap(1) == 8 + 1
+
+
+def test_the_claim_takes_windows_as_shifted_counts() -> None:
+    s = slots(concurrency=64, per_target=64)
+    s.windows[1] = s._window(1)
+    s.windows[1].size = 20.0
+    s.take(claim(1), 0.0)
+    s.take(claim(2), 0.0)
+    s.take(claim(3), 0.0)
+    s.degraded.add(3)
+    busy = s.claim_busy()
+    # per_target=initial in the query: 1 + 8 - 20 lets 19 more in; degraded ones as they are.
+    assert busy == {1: 1 + INITIAL_WINDOW - 20, 2: 1, 3: 1}
+    assert saturated(busy, s.initial, s.degraded) == s.saturated() == [3]
+
+
+def test_a_lone_fast_owner_borrows_beyond_its_share_but_not_while_another_has_work() -> None:
+    s = slots(concurrency=8, per_target=8, slow_after=5.0)  # per owner 4; alone all but 2
+    assert (s.per_owner, s.lone_owner) == (4, 6)
+    first = claim(1, "alice")
+    s.take(first, 10.0)
+    assert s.owner_cap("alice") == 4  # no fast answer yet
+    s.answered(1, 200, duration_ms=2.0, owner="alice")
+    assert s.owner_cap("alice") == 6
+    assert s.claim_busy_owners() == {"alice": 1 + 4 - 6}
+    s.take(claim(2, "bob"), 10.1)
+    assert s.owner_cap("alice") == 4  # someone else has work: back to the share
+    for c, _ in list(s.inflight.values()):
+        if c.owner == "bob":
+            s.handed_over(c)
+            s.free(c)
+    s.mark_slow(10.5)
+    assert s.owner_cap("alice") == 4  # until CONTENDED_HOLD has passed
+    s.mark_slow(11.2)
+    assert s.owner_cap("alice") == 6
+    s.answered(1, 503, owner="alice")
+    assert s.owner_cap("alice") == 4  # struggling targets never borrow
+
+
+def test_a_hanging_attempt_shrinks_the_window_once() -> None:
+    s = slots(concurrency=64, per_target=64, slow_after=1.0)
+    s.take(claim(1), 0.0)
+    s.mark_slow(2.0)
+    s.mark_slow(3.0)
+    assert 1 in s.degraded and s.windows[1].size == INITIAL_WINDOW / 2

@@ -93,7 +93,8 @@ class Attempts:
 
     def _count(self, outcome: Outcome) -> None:
         self._metrics.observe(outcome.outcome, outcome.duration_ms)
-        self._slots.answered(outcome.claim.subscription_id, outcome.status)
+        self._slots.answered(outcome.claim.subscription_id, outcome.status,
+                             outcome.duration_ms, outcome.claim.owner)
         if outcome.outcome == "succeeded":
             self._stats.succeeded += 1
         elif outcome.outcome == "pending":

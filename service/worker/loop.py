@@ -164,11 +164,12 @@ class Worker:
         if wanted == 0:
             # Finishing attempts wake us.
             return self.settings.poll_interval
+        # The adaptive caps go in as shifted counts (slots.py): one query shape for all.
         claims = await delivery.claim(
-            self.store, limit=wanted, per_target=self.slots.per_target,
-            busy=self.slots.busy, lease=self.settings.lease, scan=self.settings.batch_size,
-            degraded=self.slots.degraded, per_owner=self.slots.per_owner,
-            busy_owners=self.slots.busy_owners)
+            self.store, limit=wanted, per_target=self.slots.initial,
+            busy=self.slots.claim_busy(), lease=self.settings.lease,
+            scan=self.settings.batch_size, degraded=self.slots.degraded,
+            per_owner=self.slots.per_owner, busy_owners=self.slots.claim_busy_owners())
         for c in claims:
             self._attempts.start(c)
         if claims:

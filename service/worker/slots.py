@@ -1,15 +1,25 @@
 """The worker's delivery slots and the isolation between targets and between owners.
 
-A worker has `concurrency` slots. No subscription holds more than `per_target` of them,
-and a degraded one (its target did not answer, or answered 429 or 5xx, or an attempt of
-it has been in flight too long) holds one until it succeeds again; no owner holds more
-than `per_owner`. The claim query skips the saturated ones, so one slow target or owner
-never blocks the queue of the others.
+A worker has `concurrency` slots. Each subscription has a window of deliveries it may have
+in flight, which adapts like a congestion window: it starts at INITIAL_WINDOW (or the
+maximum, if lower), grows while its target answers 2xx quickly (by one per fast answer
+until its first trouble, then by about one per window of fast answers), stops growing
+while answers slow down, and halves on trouble (no answer: a timeout or a connection
+error, 429, 5xx). It never exceeds `per_target` (WEBHOOKS_PER_TARGET_CONCURRENCY). A
+degraded subscription (its target did not answer, or answered 429 or 5xx, or an attempt
+of it has been in flight too long) holds one slot until it succeeds again.
+
+No owner holds more than `per_owner` slots while another owner has work in flight (or had
+recently); an owner alone, whose targets answer fast, may borrow beyond it up to all but a
+reserve of a quarter of the slots, which stays free for the next owner that comes, so
+isolation holds while a lone owner is not halved. The claim query skips the saturated
+subscriptions and owners, so one slow target or owner never blocks the queue of the others.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from service.outcomes import Answer, classify
@@ -18,6 +28,47 @@ if TYPE_CHECKING:
     from service.worker.delivery import Claim
 
 Key = TypeVar("Key", int, str)
+
+# Where a subscription's window starts (and where it returns once forgotten).
+INITIAL_WINDOW = 8
+# An answer is fast when it takes at most FAST_FACTOR times the fastest the target has
+# recently answered, plus FAST_SLACK_MS, and less than half of the slow mark.
+FAST_FACTOR = 2.0
+FAST_SLACK_MS = 5.0
+# A window (and an owner's record of fast answers) unused this long is forgotten.
+FORGET_AFTER = 60.0
+# Owners may borrow beyond their cap only when no other owner had work in flight for
+# this long.
+CONTENDED_HOLD = 1.0
+
+
+@dataclass
+class Window:
+    """A subscription's adaptive window of deliveries in flight."""
+
+    size: float
+    threshold: float  # below it the window grows by one per fast answer (slow start)
+    base_ms: float = float("inf")  # the fastest recent answer, drifting up slowly
+    used_at: float = 0.0
+
+    def fast(self, duration_ms: float, slow_ms: float) -> bool:
+        """Whether an answer that took `duration_ms` counts as fast (and updates the base)."""
+        if duration_ms < self.base_ms:
+            self.base_ms = duration_ms
+        else:
+            self.base_ms += (duration_ms - self.base_ms) / 64.0
+        return (duration_ms <= FAST_FACTOR * self.base_ms + FAST_SLACK_MS
+                and duration_ms < slow_ms / 2)
+
+    def grow(self, maximum: int) -> None:
+        """One fast 2xx answer while the window was in use."""
+        step = 1.0 if self.size < self.threshold else 1.0 / self.size
+        self.size = min(float(maximum), self.size + step)
+
+    def shrink(self) -> None:
+        """Trouble: half the window, and growth by one per window from there."""
+        self.size = max(1.0, self.size / 2.0)
+        self.threshold = self.size
 
 
 def saturated(busy: Mapping[int, int], per_target: int, degraded: Collection[int]
@@ -42,14 +93,18 @@ def _decrement(counts: dict[Key, int], key: Key) -> None:
 
 
 class Slots:
-    """Who holds the worker's slots: claims in flight, counted per subscription and owner."""
+    """Who holds the worker's slots: claims in flight, counted per subscription and owner,
+    and the adaptive caps the next claim must respect."""
 
     def __init__(self, concurrency: int, *, per_target: int, per_owner: int | None = None,
                  batch_size: int, slow_after: float) -> None:
         self.concurrency = max(1, concurrency)
-        self.per_target = per_target
-        # One owner (all its subscriptions) never holds more of this worker's slots.
+        self.per_target = max(1, per_target)  # the most any window may grow to
+        self.initial = min(INITIAL_WINDOW, self.per_target)
+        # One owner (all its subscriptions) never holds more of this worker's slots while
+        # another owner has work in flight; alone and fast, it may borrow up to `lone_owner`.
         self.per_owner = per_owner or max(1, self.concurrency // 2)
+        self.lone_owner = max(self.per_owner, self.concurrency - max(1, self.concurrency // 4))
         self.batch_size = batch_size
         # Claiming a few slots at a time costs a round trip per delivery or two: while
         # some are in flight, wait until a quarter of the slots are free.
@@ -60,6 +115,11 @@ class Slots:
         self.busy: dict[int, int] = {}  # subscription id -> claims in flight
         self.busy_owners: dict[str, int] = {}
         self.degraded: set[int] = set()  # subscriptions held to one attempt in flight
+        self.windows: dict[int, Window] = {}
+        self.fast_owners: dict[str, float] = {}  # owner -> when it last answered fast
+        self.contended_at = float("-inf")  # when two owners last had work in flight
+        self._forgot_at = 0.0
+        self._now = 0.0
 
     def wanted(self) -> int:
         """How many deliveries to claim now (0: wait for slots to free up)."""
@@ -70,9 +130,12 @@ class Slots:
 
     def take(self, claim: Claim, now: float) -> None:
         """`claim` holds a slot from `now`."""
+        self._now = now
         self.inflight[claim.id] = (claim, now)
         self.busy[claim.subscription_id] = self.busy.get(claim.subscription_id, 0) + 1
         self.busy_owners[claim.owner] = self.busy_owners.get(claim.owner, 0) + 1
+        if len(self.busy_owners) > 1:
+            self.contended_at = now
 
     def handed_over(self, claim: Claim) -> None:
         """The claim's outcome is the recorder's now: shutdown has nothing to give back."""
@@ -83,29 +146,97 @@ class Slots:
         _decrement(self.busy, claim.subscription_id)
         _decrement(self.busy_owners, claim.owner)
 
-    def answered(self, subscription_id: int, status: int) -> None:
-        """A target that did not answer, or answered 5xx/429, is degraded until it
-        succeeds again: hanging targets cannot take every slot."""
+    def answered(self, subscription_id: int, status: int, duration_ms: float | None = None,
+                 owner: str | None = None) -> None:
+        """Adapts to an answer (before its slot is freed). A target that did not answer, or
+        answered 5xx/429, is degraded until it succeeds again (hanging targets cannot take
+        every slot) and its window halves; a fast 2xx grows the window it was using."""
         answer = classify(status)
         if answer is Answer.SUCCESS:
             self.degraded.discard(subscription_id)
+            if duration_ms is None:
+                return
+            window = self._window(subscription_id)
+            if window.fast(duration_ms, self.slow_after * 1000.0):
+                if owner is not None:
+                    self.fast_owners[owner] = self._now
+                # Grown only while in use: a window a trickle never fills stays put.
+                if 2 * self.busy.get(subscription_id, 0) >= int(window.size):
+                    window.grow(self.per_target)
+            elif owner is not None:
+                self.fast_owners.pop(owner, None)
         elif answer.struggling:
             self.degraded.add(subscription_id)
+            self._window(subscription_id).shrink()
+            if owner is not None:
+                self.fast_owners.pop(owner, None)
+
+    def _window(self, subscription_id: int) -> Window:
+        window = self.windows.get(subscription_id)
+        if window is None:
+            window = self.windows[subscription_id] = Window(
+                size=float(self.initial), threshold=float(self.per_target))
+        window.used_at = self._now
+        return window
 
     def mark_slow(self, now: float) -> None:
         """Degrades subscriptions with an attempt in flight for longer than `slow_after`:
-        a hanging target is noticed well before its attempts time out."""
+        a hanging target is noticed well before its attempts time out. Also forgets the
+        windows of subscriptions idle for FORGET_AFTER."""
+        self._now = now
         for claim, started in self.inflight.values():
-            if now - started > self.slow_after:
-                self.degraded.add(claim.subscription_id)
+            sid = claim.subscription_id
+            if now - started > self.slow_after and sid not in self.degraded:
+                self.degraded.add(sid)
+                self._window(sid).shrink()
+                self.fast_owners.pop(claim.owner, None)
+        if now - self._forgot_at > FORGET_AFTER / 4:
+            self._forgot_at = now
+            for sid in [s for s, w in self.windows.items()
+                        if now - w.used_at > FORGET_AFTER and s not in self.busy]:
+                del self.windows[sid]
+            for owner in [o for o, t in self.fast_owners.items() if now - t > FORGET_AFTER]:
+                del self.fast_owners[owner]
+
+    def cap(self, subscription_id: int) -> int:
+        """How many deliveries of the subscription may be in flight now."""
+        if subscription_id in self.degraded:
+            return 1
+        window = self.windows.get(subscription_id)
+        return self.initial if window is None else max(1, int(window.size))
+
+    def owner_cap(self, owner: str) -> int:
+        """How many deliveries of the owner may be in flight now: its share, or, alone and
+        answered fast, all but the reserve kept for the next owner."""
+        if (owner in self.fast_owners and len(self.busy_owners.keys() - {owner}) == 0
+                and self._now - self.contended_at > CONTENDED_HOLD):
+            return self.lone_owner
+        return self.per_owner
+
+    def claim_busy(self) -> dict[int, int]:
+        """In-flight counts as the claim query takes them with `per_target=self.initial`:
+        each shifted by how far its window is from the initial one (degraded ones not:
+        the query caps those at one)."""
+        out: dict[int, int] = {}
+        for sid in self.busy.keys() | self.windows.keys():
+            n = self.busy.get(sid, 0)
+            if sid not in self.degraded:
+                n += self.initial - self.cap(sid)
+            if n or sid in self.busy:
+                out[sid] = n
+        return out
+
+    def claim_busy_owners(self) -> dict[str, int]:
+        """Owners' in-flight counts as the claim query takes them with `per_owner`."""
+        return {o: n + self.per_owner - self.owner_cap(o) for o, n in self.busy_owners.items()}
 
     def saturated(self) -> list[int]:
         """The subscriptions at their cap."""
-        return saturated(self.busy, self.per_target, self.degraded)
+        return [sid for sid, n in self.busy.items() if n >= self.cap(sid)]
 
     def saturated_owners(self) -> list[str]:
         """The owners at their cap."""
-        return saturated_owners(self.busy_owners, self.per_owner)
+        return [o for o, n in self.busy_owners.items() if n >= self.owner_cap(o)]
 
     def leftover(self) -> list[Claim]:
         """Takes the claims still in flight (shutdown gives them back)."""
