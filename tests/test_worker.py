@@ -15,7 +15,7 @@ from service.crypto import SecretBox, new_key
 from service.http import USER_AGENT
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe
-from tests.support.worker import add_invoice, numbers, payloads, running_worker
+from tests.support.worker import add_invoice, numbers, payloads, poll, running_worker
 
 
 async def test_plain_sql_change_is_delivered_signed(db_url: str, conn: psycopg.Connection,
@@ -168,3 +168,24 @@ async def test_undecryptable_secret_is_never_sent_unsigned(
     last = conn.execute("SELECT last_status, last_failure_content"
                         " FROM webhooks.subscriptions").fetchone()
     assert last is not None and last[0] == 0 and "WEBHOOKS_ENCRYPTION_KEY" in last[1]
+
+
+async def test_a_light_load_costs_one_claim_and_one_next_due_per_delivery(
+        db_url: str, conn: psycopg.Connection) -> None:
+    """Between commit and POST the loop claims once; a finished attempt that freed a slot
+    nobody waited for costs no query (each was a claim and a next_due before)."""
+    async with Receiver() as receiver:
+        subscribe(conn, receiver.url)
+        async with running_worker(db_url, poll_interval=30.0) as worker:
+            await poll(lambda: worker.wakeup.armed_pid is not None, what="arming")
+            await poll(lambda: worker.stats.claim_queries >= 2)
+            before = worker.stats.claim_queries
+            n = 10
+            for i in range(n):
+                add_invoice(conn, f"L-{i}")
+                await receiver.wait_for(lambda r, i=i: len(r.deliveries()) == i + 1)
+                await poll(lambda i=i: worker.stats.succeeded == i + 1)
+            await poll(lambda: worker._recorder.backlog == 0)
+            used = worker.stats.claim_queries - before
+            # The rechecks after arming (50, 100, 200 ms ...) claim too: a few more.
+            assert used <= 3 * n, used

@@ -189,10 +189,13 @@ def decide(c: Claim, settings: Settings, *, status: int, retry_after: str | None
                            retry_after=retry_after, cap=settings.retry_after_cap,
                            now=time.time())
         outcome, retry_in = ("failed", 0.0) if delay is None else ("pending", delay)
-    log.info("delivery", extra={
-        "subscription_id": c.subscription_id, "event": c.event, "delivery_id": c.id,
-        "status": status, "duration_ms": round(duration_ms, 2), "attempt": c.attempts,
-    })
+    # Successes are the hot path: a line each at DEBUG; failed attempts at INFO.
+    level = logging.DEBUG if outcome == "succeeded" else logging.INFO
+    if log.isEnabledFor(level):
+        log.log(level, "delivery", extra={
+            "subscription_id": c.subscription_id, "event": c.event, "delivery_id": c.id,
+            "status": status, "duration_ms": round(duration_ms, 2), "attempt": c.attempts,
+        })
     return Outcome(c, status, outcome, retry_in, attempted_at, duration_ms, error)
 
 

@@ -27,6 +27,7 @@ from service.http import make_session
 from service.store import Store, StoreError, make_pool
 from service.worker import delivery
 from service.worker.attempts import Attempts
+from service.worker.delivery import Outcome
 from service.worker.fanout import drain_outbox
 from service.worker.lifecycle import interval as lifecycle_interval
 from service.worker.lifecycle import run_round as lifecycle_round
@@ -69,15 +70,21 @@ class Worker:
         self.concurrency, self.per_owner = self.slots.concurrency, self.slots.per_owner
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
-        self._recorder = Recorder(store)
+        self._recorder = Recorder(store, on_written=self._recorded)
         self._attempts = Attempts(settings, session, self.slots, self._recorder,
-                                  stats=self.stats, metrics=self.metrics, wake=self._wake.set)
+                                  stats=self.stats, metrics=self.metrics, wake=self._slot_freed)
         self.listener = Listener(settings.database_url, self.wake)
         self.wakeup = Wakeup(self.listener, batch_size=settings.batch_size,
                              poll_interval=settings.poll_interval)
         self._main: asyncio.Task[None] | None = None
         # Loop time of the next failure-lifecycle round (lifecycle.py).
         self._lifecycle_at = 0.0
+        # Claims cost a round trip, so the loop claims only when one may find something: a
+        # notification or a fan-out came, the last claim was full, a slot freed while
+        # caps held deliveries back, or the earliest known due time (`_due_at`) passed.
+        self._claim_due = True
+        self._due_at = 0.0
+        self._held_back = False
 
     @property
     def pool(self) -> AsyncConnectionPool:
@@ -98,7 +105,23 @@ class Worker:
     def wake(self) -> None:
         """Makes the loop look for work (outbox included) now."""
         self.wakeup.notified()
+        self._claim_due = True
         self._wake.set()
+
+    def _slot_freed(self) -> None:
+        """An attempt is over: a claim may find what the caps held back."""
+        if self._held_back:
+            self._claim_due = True
+        self._wake.set()
+
+    def _recorded(self, outcomes: list[Outcome]) -> None:
+        """Outcomes are written: retries come due from now on, at the earliest in the
+        shortest of their delays."""
+        delays = [o.retry_in for o in outcomes if o.outcome == "pending"]
+        if delays:
+            self._due_at = min(self._due_at,
+                               asyncio.get_running_loop().time() + max(min(delays), 0.0))
+            self._wake.set()
 
     async def run(self) -> None:
         """Runs until stop(); then drains as described in the module docstring."""
@@ -156,15 +179,25 @@ class Worker:
         loop = asyncio.get_running_loop()
         if self.wakeup.fanout_due(loop.time()):
             await self._fan_out()
+            # Whatever made the outbox due (a commit, an API action's NOTIFY, the poll
+            # interval) may have made deliveries due too.
+            self._claim_due = True
         if loop.time() >= self._lifecycle_at:
             self._lifecycle_at = loop.time() + lifecycle_interval(self.settings)
             await lifecycle_round(self.store, self.settings, self.metrics)
-        self.slots.mark_slow(loop.time())
+            self._claim_due = True
+        now = loop.time()
+        self.slots.mark_slow(now)
+        until_fanout = max(self.wakeup.until_fanout(now), MIN_WAIT)
+        if not self._claim_due and now < self._due_at:
+            return min(self._due_at - now, until_fanout)
         wanted = self.slots.wanted()
         if wanted == 0:
-            # Finishing attempts wake us.
+            # Finishing attempts wake us; then claim.
+            self._claim_due = True
             return self.settings.poll_interval
         # The adaptive caps go in as shifted counts (slots.py): one query shape for all.
+        self.stats.claim_queries += 1
         claims = await delivery.claim(
             self.store, limit=wanted, per_target=self.slots.initial,
             busy=self.slots.claim_busy(), lease=self.settings.lease,
@@ -172,16 +205,20 @@ class Worker:
             per_owner=self.slots.per_owner, busy_owners=self.slots.claim_busy_owners())
         for c in claims:
             self._attempts.start(c)
-        if claims:
+        if len(claims) >= wanted:
+            self._claim_due = True  # a full claim: more may be due
             return 0.0
-        row = await self.store.one("next_due", {
-            "saturated": self.slots.saturated(),
-            "saturated_owners": self.slots.saturated_owners()})
+        # Everything claimable was claimed: until something changes, only the earliest
+        # pending delivery of a subscription and owner below their caps brings work.
+        saturated, saturated_owners = self.slots.saturated(), self.slots.saturated_owners()
+        self._claim_due = False
+        self._held_back = bool(saturated or saturated_owners)
+        self.stats.claim_queries += 1
+        row = await self.store.one("next_due", {"saturated": saturated,
+                                                "saturated_owners": saturated_owners})
         due = row["wait"] if row else None
-        until_fanout = max(self.wakeup.until_fanout(loop.time()), MIN_WAIT)
-        if due is None:
-            return until_fanout
-        return min(max(due, MIN_WAIT), until_fanout)
+        self._due_at = now + max(due, MIN_WAIT) if due is not None else float("inf")
+        return min(self._due_at - now, until_fanout)
 
     async def _fan_out(self) -> None:
         try:

@@ -39,6 +39,7 @@ class WorkerStats:
     released: int = 0
     db_errors: int = 0
     disarmed: int = 0  # times a backlog made the worker stop asking for NOTIFY
+    claim_queries: int = 0  # claim and next_due statements run: round trips of the loop
 
 
 class WorkerMetrics:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from service.logs import redact
 from service.outcomes import Answer, classify
@@ -55,8 +55,10 @@ class Recorder:
     delivery comes due again when its lease expires), so no outcome can wedge the others.
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store,
+                 on_written: Callable[[list[Outcome]], None] | None = None) -> None:
         self._store = store
+        self._on_written = on_written  # told of each batch written
         self._pending: list[Outcome] = []
         self._writing: list[Outcome] = []  # taken for the write under way
         self._ready = asyncio.Event()
@@ -130,6 +132,8 @@ class Recorder:
                                  "subscription_id": o.claim.subscription_id})
             else:
                 self.recorded += len(chunk)
+                if self._on_written is not None:
+                    self._on_written(chunk)
         return []
 
     def close(self) -> None:
