@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import AsyncRowFactory, RowFactory, dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -92,6 +93,11 @@ class Session:
         with translated():
             cur = await self._conn.execute(query(name), params)
             return cur.rowcount
+
+    async def execute(self, statement: sql.SQL | sql.Composed) -> None:
+        """Runs a statement composed with psycopg.sql (DDL that names relations)."""
+        with translated():
+            await self._conn.execute(statement)
 
 
 class Store:

@@ -158,51 +158,61 @@ CREATE TABLE webhooks.wakeups (
 );
 
 -- Events that at least one subscription wanted, with the delivery body built once.
--- Ids come from webhooks.event_ids at fan-out, in capture order.
+-- Ids come from webhooks.event_ids at fan-out, in capture order. events, deliveries and
+-- attempts are partitioned by day (sql/partitions.sql): created_at is the time of the
+-- fan-out that wrote the event and its deliveries, so a day's events and deliveries are
+-- dropped together once past retention.
 CREATE SEQUENCE webhooks.event_ids;
 CREATE TABLE webhooks.events (
-    id              bigint PRIMARY KEY,
+    id              bigint NOT NULL,
     hook_resource   text NOT NULL,
     name            text NOT NULL,
     tenant          text,
     occurred_at     timestamptz NOT NULL,
-    body            text NOT NULL
-);
+    body            text NOT NULL,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (id, created_at)
+) PARTITION BY RANGE (created_at);
 
 -- The delivery queue: one row per event and subscription.
 -- status: pending (due at next_attempt_at; while claimed, next_attempt_at is the lease
 -- expiry, so a crashed worker's claim comes due again by itself), succeeded, failed.
+-- No foreign keys (they would make partition maintenance lock webhooks.subscriptions):
+-- deleting a subscription deletes its deliveries by trigger (sql/partitions.sql).
 CREATE TABLE webhooks.deliveries (
-    id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    event_id         bigint NOT NULL REFERENCES webhooks.events (id) ON DELETE CASCADE,
-    subscription_id  bigint NOT NULL REFERENCES webhooks.subscriptions (id) ON DELETE CASCADE,
+    id               bigint GENERATED ALWAYS AS IDENTITY,
+    event_id         bigint NOT NULL,
+    subscription_id  bigint NOT NULL,
     status           text NOT NULL DEFAULT 'pending'
+                     CONSTRAINT deliveries_status_check
                      CHECK (status IN ('pending', 'succeeded', 'failed')),
     attempts         integer NOT NULL DEFAULT 0,
     next_attempt_at  timestamptz NOT NULL DEFAULT now(),
     lease_expires_at timestamptz,
     created_at       timestamptz NOT NULL DEFAULT now(),
-    finished_at      timestamptz
-);
+    finished_at      timestamptz,
+    PRIMARY KEY (id, created_at)
+) PARTITION BY RANGE (created_at);
 CREATE INDEX deliveries_due_idx ON webhooks.deliveries (next_attempt_at, id)
     WHERE status = 'pending';
-CREATE INDEX deliveries_subscription_idx ON webhooks.deliveries (subscription_id);
-CREATE INDEX deliveries_event_idx ON webhooks.deliveries (event_id);
+-- Retention asks each old partition for its latest finish through this index.
 CREATE INDEX deliveries_finished_idx ON webhooks.deliveries (finished_at)
     WHERE status <> 'pending';
 
--- One row per HTTP attempt, for inspection and for `webhooks status`.
+-- One row per HTTP attempt, for inspection and for `webhooks status`; partitioned by day
+-- of attempted_at and kept for the retention from when the attempt was made.
 CREATE TABLE webhooks.attempts (
-    id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    delivery_id      bigint NOT NULL REFERENCES webhooks.deliveries (id) ON DELETE CASCADE,
+    id               bigint GENERATED ALWAYS AS IDENTITY,
+    delivery_id      bigint NOT NULL,
     subscription_id  bigint NOT NULL,
     attempt          integer NOT NULL,
     attempted_at     timestamptz NOT NULL,
     status           integer NOT NULL,  -- HTTP status, 0 when no response came
     duration_ms      double precision NOT NULL,
-    error            text
-);
-CREATE INDEX attempts_delivery_idx ON webhooks.attempts (delivery_id);
+    error            text,
+    PRIMARY KEY (id, attempted_at)
+) PARTITION BY RANGE (attempted_at);
+CREATE INDEX attempts_delivery_idx ON webhooks.attempts (delivery_id, id);
 CREATE INDEX attempts_time_idx ON webhooks.attempts (attempted_at);
 
 -- A subscription as the REST API returns it (SPEC section 4): the API sends this text as

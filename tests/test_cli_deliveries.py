@@ -34,6 +34,9 @@ def cli(db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixt
 
 def seed(conn: psycopg.Connection, sid: int, status: str, created: str,
          name: str = "invoice.create") -> int:
+    # The partitions of a day in the past, which the service itself never writes to.
+    conn.execute("SELECT webhooks.ensure_partitions(%s::timestamptz, %s::timestamptz)",
+                 (created, created))
     row = conn.execute(
         "WITH e AS (INSERT INTO webhooks.events (id, hook_resource, name, occurred_at, body)"
         " VALUES (nextval('webhooks.event_ids'), 'invoices', %s, now(),"

@@ -126,6 +126,9 @@ async def test_recover_bad_bodies_are_400(api: Api, body: bytes, fragment: str) 
 
 
 def seed(conn: psycopg.Connection, sid: int, status: str, created: str) -> int:
+    # The partitions of a day in the past, which the service itself never writes to.
+    conn.execute("SELECT webhooks.ensure_partitions(%s::timestamptz, %s::timestamptz)",
+                 (created, created))
     row = conn.execute(
         "WITH e AS (INSERT INTO webhooks.events (id, hook_resource, name, occurred_at, body)"
         " VALUES (nextval('webhooks.event_ids'), 'invoices', 'invoice.create', now(), '{}')"

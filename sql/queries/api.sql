@@ -86,7 +86,8 @@ UPDATE webhooks.subscriptions AS s
 RETURNING s.id, webhooks.subscription_json(s) AS doc
 
 -- name: api_subscription_delete --
--- The subscription's deliveries and their attempts go with it (ON DELETE CASCADE).
+-- The subscription's deliveries go with it (a trigger, sql/partitions.sql); its attempts
+-- stay until retention drops their partition.
 DELETE FROM webhooks.subscriptions
  WHERE id = %(id)s AND owner = %(owner)s
    AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)

@@ -18,7 +18,7 @@ WITH busy AS (
     SELECT owner, n
       FROM unnest(%(owner_names)s::text[], %(owner_counts)s::int[]) AS b (owner, n)
 ), candidates AS (
-    SELECT d.id, d.subscription_id, s.owner, d.next_attempt_at
+    SELECT d.id, d.created_at, d.subscription_id, s.owner, d.next_attempt_at
       FROM webhooks.deliveries d
       JOIN webhooks.subscriptions s ON s.id = d.subscription_id
      WHERE d.status = 'pending'
@@ -29,13 +29,13 @@ WITH busy AS (
      LIMIT %(scan)s
        FOR UPDATE OF d SKIP LOCKED
 ), per_subscription AS (
-    SELECT c.id, c.subscription_id, c.owner, c.next_attempt_at AS due,
+    SELECT c.id, c.created_at, c.subscription_id, c.owner, c.next_attempt_at AS due,
            row_number() OVER (PARTITION BY c.subscription_id
                               ORDER BY c.next_attempt_at, c.id) + coalesce(b.n, 0) AS slot
       FROM candidates c
       LEFT JOIN busy b ON b.sid = c.subscription_id
 ), per_owner AS (
-    SELECT p.id, p.due,
+    SELECT p.id, p.created_at, p.due,
            row_number() OVER (PARTITION BY p.owner ORDER BY p.due, p.id)
                + coalesce(o.n, 0) AS slot
       FROM per_subscription p
@@ -43,7 +43,7 @@ WITH busy AS (
      WHERE p.slot <= CASE WHEN p.subscription_id = ANY (%(degraded)s::bigint[]) THEN 1
                           ELSE %(per_target)s END
 ), chosen AS (
-    SELECT id, due FROM per_owner
+    SELECT id, created_at, due FROM per_owner
      WHERE slot <= %(per_owner)s
      ORDER BY due, id
      LIMIT %(limit)s
@@ -57,6 +57,7 @@ UPDATE webhooks.deliveries d
        finished_at = CASE WHEN s.active THEN NULL ELSE now() END
   FROM chosen c, webhooks.subscriptions s, webhooks.events e
  WHERE d.id = c.id
+   AND d.created_at = c.created_at  -- the delivery's partition only
    AND s.id = d.subscription_id
    AND e.id = d.event_id
 RETURNING d.id, d.attempts, d.subscription_id, s.owner, s.active, s.target, s.secret,
@@ -179,24 +180,31 @@ UPDATE webhooks.deliveries d
   FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS r (id, attempt)
  WHERE d.id = r.id AND d.attempts = r.attempt AND d.status = 'pending'
 
--- name: prune_deliveries --
--- Retention: one batch of finished deliveries (and, by cascade, their attempts).
-DELETE FROM webhooks.deliveries d
- WHERE d.id IN (SELECT id FROM webhooks.deliveries
-                 WHERE status <> 'pending'
-                   AND finished_at < now() - make_interval(secs => %(retention)s)
-                 ORDER BY finished_at
-                 LIMIT %(limit)s)
+-- name: partitions_ensure --
+-- Retention (sql/partitions.sql): the daily partitions from today to %(ahead)s days ahead.
+SELECT webhooks.ensure_partitions(now(), now() + make_interval(days => %(ahead)s)) AS created
 
--- name: prune_events --
--- Retention: one batch of events no delivery refers to any more.
-DELETE FROM webhooks.events e
- WHERE e.id IN (SELECT ev.id FROM webhooks.events ev
-                 WHERE ev.occurred_at < now() - make_interval(secs => %(retention)s)
-                   AND NOT EXISTS (SELECT 1 FROM webhooks.deliveries d
-                                    WHERE d.event_id = ev.id)
-                 ORDER BY ev.id
-                 LIMIT %(limit)s)
+-- name: partitions_close_orphans --
+SELECT webhooks.close_orphans() AS closed
+
+-- name: partitions_expired --
+-- Bounds as text: they go back to webhooks.keep_detached_deliveries as they came, and
+-- may be infinite, which Python datetimes cannot hold.
+SELECT parent, partition, lower_bound::text AS lower_bound,
+       upper_bound::text AS upper_bound, detach_pending
+  FROM webhooks.expired_partitions(make_interval(secs => %(retention)s))
+
+-- name: partitions_keep_detached --
+SELECT webhooks.keep_detached_deliveries(%(partition)s, %(lower_bound)s::timestamptz,
+                                         %(upper_bound)s::timestamptz,
+                                         make_interval(secs => %(retention)s)) AS kept
+
+-- name: partitions_lock --
+-- One pruner at a time: DETACH ... CONCURRENTLY runs one per table at a time anyway.
+SELECT pg_try_advisory_lock(%(key)s) AS locked
+
+-- name: partitions_unlock --
+SELECT pg_advisory_unlock(%(key)s)
 
 -- name: listen --
 LISTEN webhooks

@@ -1,0 +1,350 @@
+-- 0005: events, deliveries and attempts become tables partitioned by day
+-- (sql/partitions.sql); retention drops whole partitions instead of deleting rows.
+-- Frozen once released: change the schema with a new migration.
+--
+-- On a populated database the existing tables are not copied: each becomes the first
+-- partition of its new table (bounds from MINVALUE to now), which costs one scan of each
+-- to check the bound and to build the indexes the partitioned keys need (seconds per
+-- million rows). Capture only writes webhooks.outbox, so the application's writes go on
+-- meanwhile; fan-out, claims and the API's delivery log wait for the migration.
+-- The foreign keys between the three tables and to subscriptions go (see
+-- sql/partitions.sql for what replaces them); ids continue where they were.
+
+ALTER TABLE webhooks.attempts DROP CONSTRAINT attempts_delivery_id_fkey;
+ALTER TABLE webhooks.deliveries DROP CONSTRAINT deliveries_event_id_fkey;
+ALTER TABLE webhooks.deliveries DROP CONSTRAINT deliveries_subscription_id_fkey;
+-- Redundant with deliveries_log_idx, and only used by the cascades just dropped.
+DROP INDEX webhooks.deliveries_subscription_idx;
+DROP INDEX webhooks.deliveries_event_idx;
+-- Replaced by an index on (delivery_id, id).
+DROP INDEX webhooks.attempts_delivery_idx;
+
+DO $$
+DECLARE
+    v_keep boolean := EXISTS (SELECT 1 FROM webhooks.deliveries);
+    v_next_delivery bigint;
+    v_next_attempt bigint;
+    v_deliveries_end timestamptz;
+    v_attempts_end timestamptz;
+BEGIN
+    v_next_delivery := nextval(pg_get_serial_sequence('webhooks.deliveries', 'id'));
+    v_next_attempt := nextval(pg_get_serial_sequence('webhooks.attempts', 'id'));
+    ALTER TABLE webhooks.deliveries ALTER COLUMN id DROP IDENTITY;
+    ALTER TABLE webhooks.attempts ALTER COLUMN id DROP IDENTITY;
+
+    ALTER TABLE webhooks.events RENAME TO events_legacy;
+    -- The partitioned tables' keys are (id, time); id leads, so lookups by id keep an index.
+    ALTER TABLE webhooks.events_legacy DROP CONSTRAINT events_pkey;
+    ALTER TABLE webhooks.events_legacy
+        ADD COLUMN created_at timestamptz NOT NULL DEFAULT '-infinity';
+    ALTER TABLE webhooks.deliveries RENAME TO deliveries_legacy;
+    ALTER TABLE webhooks.deliveries_legacy DROP CONSTRAINT deliveries_pkey;
+    ALTER INDEX webhooks.deliveries_due_idx RENAME TO deliveries_legacy_due_idx;
+    ALTER INDEX webhooks.deliveries_finished_idx RENAME TO deliveries_legacy_finished_idx;
+    ALTER INDEX webhooks.deliveries_log_idx RENAME TO deliveries_legacy_log_idx;
+    ALTER TABLE webhooks.attempts RENAME TO attempts_legacy;
+    ALTER TABLE webhooks.attempts_legacy DROP CONSTRAINT attempts_pkey;
+    ALTER INDEX webhooks.attempts_time_idx RENAME TO attempts_legacy_time_idx;
+
+    CREATE TABLE webhooks.events (
+        id              bigint NOT NULL,
+        hook_resource   text NOT NULL,
+        name            text NOT NULL,
+        tenant          text,
+        occurred_at     timestamptz NOT NULL,
+        body            text NOT NULL,
+        created_at      timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (id, created_at)
+    ) PARTITION BY RANGE (created_at);
+
+    CREATE TABLE webhooks.deliveries (
+        id               bigint GENERATED ALWAYS AS IDENTITY,
+        event_id         bigint NOT NULL,
+        subscription_id  bigint NOT NULL,
+        status           text NOT NULL DEFAULT 'pending'
+                         CONSTRAINT deliveries_status_check
+                         CHECK (status IN ('pending', 'succeeded', 'failed')),
+        attempts         integer NOT NULL DEFAULT 0,
+        next_attempt_at  timestamptz NOT NULL DEFAULT now(),
+        lease_expires_at timestamptz,
+        created_at       timestamptz NOT NULL DEFAULT now(),
+        finished_at      timestamptz,
+        PRIMARY KEY (id, created_at)
+    ) PARTITION BY RANGE (created_at);
+    CREATE INDEX deliveries_due_idx ON webhooks.deliveries (next_attempt_at, id)
+        WHERE status = 'pending';
+    CREATE INDEX deliveries_finished_idx ON webhooks.deliveries (finished_at)
+        WHERE status <> 'pending';
+    CREATE INDEX deliveries_log_idx ON webhooks.deliveries (subscription_id, created_at, id);
+
+    CREATE TABLE webhooks.attempts (
+        id               bigint GENERATED ALWAYS AS IDENTITY,
+        delivery_id      bigint NOT NULL,
+        subscription_id  bigint NOT NULL,
+        attempt          integer NOT NULL,
+        attempted_at     timestamptz NOT NULL,
+        status           integer NOT NULL,
+        duration_ms      double precision NOT NULL,
+        error            text,
+        PRIMARY KEY (id, attempted_at)
+    ) PARTITION BY RANGE (attempted_at);
+    CREATE INDEX attempts_delivery_idx ON webhooks.attempts (delivery_id, id);
+    CREATE INDEX attempts_time_idx ON webhooks.attempts (attempted_at);
+
+    EXECUTE format('ALTER TABLE webhooks.deliveries ALTER COLUMN id RESTART WITH %s',
+                   v_next_delivery);
+    EXECUTE format('ALTER TABLE webhooks.attempts ALTER COLUMN id RESTART WITH %s',
+                   v_next_attempt);
+
+    IF v_keep THEN
+        -- The old rows become the first partitions; a row stamped later than now (a
+        -- clock set back) moves the bound rather than failing the migration.
+        SELECT greatest(now(), max(created_at) + interval '1 microsecond')
+          INTO v_deliveries_end FROM webhooks.deliveries_legacy;
+        SELECT greatest(now(), max(attempted_at) + interval '1 microsecond')
+          INTO v_attempts_end FROM webhooks.attempts_legacy;
+        EXECUTE format('ALTER TABLE webhooks.events ATTACH PARTITION webhooks.events_legacy '
+                       'FOR VALUES FROM (MINVALUE) TO (%L)', v_deliveries_end);
+        EXECUTE format('ALTER TABLE webhooks.deliveries ATTACH PARTITION '
+                       'webhooks.deliveries_legacy FOR VALUES FROM (MINVALUE) TO (%L)',
+                       v_deliveries_end);
+        EXECUTE format('ALTER TABLE webhooks.attempts ATTACH PARTITION '
+                       'webhooks.attempts_legacy FOR VALUES FROM (MINVALUE) TO (%L)',
+                       v_attempts_end);
+    ELSE
+        -- No delivery: nothing the old tables hold is reachable any more.
+        DROP TABLE webhooks.attempts_legacy, webhooks.deliveries_legacy,
+                   webhooks.events_legacy;
+    END IF;
+END
+$$;
+
+-- What follows is sql/partitions.sql as released with this migration.
+-- Time partitions of the queue tables (events, deliveries, attempts): one partition per
+-- UTC day, created ahead of time and dropped whole once past retention, so retention is
+-- never a long DELETE and finished rows never leave dead tuples for vacuum to chase.
+-- Installed by the migrations after sql/schema.sql; the workers call these functions
+-- (service/worker/pruning.py), and a DBA may too.
+--
+-- events and deliveries are partitioned on created_at, the time of the fan-out that made
+-- them (an event and its deliveries are written by one statement, so they share it); a
+-- day's events go with that day's deliveries. attempts are partitioned on attempted_at
+-- and kept for the retention from when they were made.
+--
+-- No foreign key crosses these tables or points from them to subscriptions: a foreign key
+-- would make creating and detaching partitions lock webhooks.subscriptions. Instead, the
+-- deletion of a subscription deletes its deliveries (webhooks.forget_deliveries below) and
+-- the workers close pending deliveries left without a subscription
+-- (webhooks.close_orphans); attempts of a deleted subscription wait for their partition.
+
+-- Every partition of the three tables with its bounds ('-infinity'/'infinity' for
+-- MINVALUE/MAXVALUE) and whether a DETACH ... CONCURRENTLY of it was interrupted.
+CREATE VIEW webhooks.queue_partitions AS
+SELECT parent.relname::text AS parent,
+       child.relname::text AS partition,
+       CASE WHEN b[1] = 'MINVALUE' THEN '-infinity'::timestamptz
+            ELSE pg_catalog.btrim(b[1], '''')::timestamptz END AS lower_bound,
+       CASE WHEN b[2] = 'MAXVALUE' THEN 'infinity'::timestamptz
+            ELSE pg_catalog.btrim(b[2], '''')::timestamptz END AS upper_bound,
+       i.inhdetachpending AS detach_pending
+  FROM pg_catalog.pg_inherits i
+  JOIN pg_catalog.pg_class parent ON parent.oid = i.inhparent
+  JOIN pg_catalog.pg_namespace n ON n.oid = parent.relnamespace
+  JOIN pg_catalog.pg_class child ON child.oid = i.inhrelid
+ CROSS JOIN LATERAL pg_catalog.regexp_match(
+           pg_catalog.pg_get_expr(child.relpartbound, child.oid),
+           '^FOR VALUES FROM \((.+)\) TO \((.+)\)$') AS b
+ WHERE n.nspname = 'webhooks'
+   AND parent.relname IN ('events', 'deliveries', 'attempts');
+
+-- Creates the daily partitions of the three tables that cover [since, until] and do not
+-- exist yet; returns how many it created. A partition is created on its own and then
+-- attached, which locks the parent in SHARE UPDATE EXCLUSIVE mode only: writers, claims
+-- and readers go on. One caller at a time (an advisory lock); if a lock is not granted
+-- within lock_timeout, the call fails and the next round tries again (partitions are made
+-- days ahead).
+CREATE FUNCTION webhooks.ensure_partitions(since timestamptz, until timestamptz)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET "TimeZone" = 'UTC'
+SET lock_timeout = '2s'
+AS $$
+DECLARE
+    v_day date;
+    v_table text;
+    v_lower timestamptz;
+    v_upper timestamptz;
+    v_start timestamptz;
+    v_name text;
+    v_created integer := 0;
+BEGIN
+    IF since IS NULL OR until IS NULL OR until < since THEN
+        RAISE EXCEPTION 'ensure_partitions needs since <= until'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF until - since > interval '3660 days' THEN
+        RAISE EXCEPTION 'ensure_partitions covers at most 3660 days at a time'
+              USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM pg_advisory_xact_lock(7315600212945527043);
+    FOR v_day IN SELECT d::date
+                   FROM generate_series(since::date, until::date, interval '1 day') AS d
+    LOOP
+        v_lower := v_day::timestamp AT TIME ZONE 'UTC';
+        v_upper := (v_day + 1)::timestamp AT TIME ZONE 'UTC';
+        FOREACH v_table IN ARRAY ARRAY['events', 'deliveries', 'attempts'] LOOP
+            -- The day is covered when a partition reaches its end; otherwise the new one
+            -- starts where the partitions overlapping the day stop (the partition that
+            -- migration 0005 made of the rows before it ends within a day).
+            CONTINUE WHEN EXISTS (SELECT 1 FROM webhooks.queue_partitions p
+                                   WHERE p.parent = v_table
+                                     AND p.lower_bound <= v_lower
+                                     AND p.upper_bound >= v_upper);
+            SELECT greatest(v_lower, max(p.upper_bound)) INTO v_start
+              FROM webhooks.queue_partitions p
+             WHERE p.parent = v_table
+               AND p.upper_bound > v_lower AND p.lower_bound < v_upper;
+            v_start := coalesce(v_start, v_lower);
+            CONTINUE WHEN v_start >= v_upper;
+            v_name := v_table || '_p' || to_char(v_day, 'YYYYMMDD');
+            EXECUTE format('CREATE TABLE webhooks.%I (LIKE webhooks.%I INCLUDING DEFAULTS '
+                           'INCLUDING CONSTRAINTS INCLUDING STORAGE)', v_name, v_table);
+            EXECUTE format('ALTER TABLE webhooks.%I ATTACH PARTITION webhooks.%I '
+                           'FOR VALUES FROM (%L) TO (%L)', v_table, v_name, v_start, v_upper);
+            v_created := v_created + 1;
+        END LOOP;
+    END LOOP;
+    RETURN v_created;
+END
+$$;
+
+-- The partitions that retention may drop now, in the order to drop them: partitions of
+-- deliveries whose whole range is older than `retention`, that hold no pending delivery
+-- and no delivery finished within `retention`, each followed by the events partition of
+-- the same range; then attempts partitions whose whole range is older than `retention`.
+-- Partitions whose detach was interrupted come first. The caller detaches each
+-- (CONCURRENTLY), checks the detached table again and drops it (see
+-- service/worker/pruning.py), so a delivery requeued meanwhile is never lost.
+CREATE FUNCTION webhooks.expired_partitions(retention interval)
+RETURNS TABLE (parent text, partition text, lower_bound timestamptz,
+               upper_bound timestamptz, detach_pending boolean)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_cutoff timestamptz := now() - retention;
+    p record;
+    v_busy boolean;
+BEGIN
+    RETURN QUERY
+        SELECT q.parent, q.partition, q.lower_bound, q.upper_bound, true
+          FROM webhooks.queue_partitions q
+         WHERE q.detach_pending
+         ORDER BY q.parent = 'events', q.upper_bound;
+    FOR p IN SELECT q.partition, q.lower_bound, q.upper_bound FROM webhooks.queue_partitions q
+              WHERE q.parent = 'deliveries' AND NOT q.detach_pending
+                AND q.upper_bound <= v_cutoff
+              ORDER BY q.upper_bound
+    LOOP
+        -- Both answered by the partition's partial indexes, without reading its rows.
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM webhooks.%I WHERE status = ''pending'')'
+                       ' OR EXISTS (SELECT 1 FROM webhooks.%I WHERE status <> ''pending'''
+                       ' AND finished_at > %L)', p.partition, p.partition, v_cutoff)
+           INTO v_busy;
+        -- Deliveries are dropped oldest first: a busy partition holds the later ones.
+        EXIT WHEN v_busy;
+        RETURN QUERY SELECT 'deliveries'::text, p.partition, p.lower_bound, p.upper_bound,
+                            false;
+        RETURN QUERY
+            SELECT q.parent, q.partition, q.lower_bound, q.upper_bound, false
+              FROM webhooks.queue_partitions q
+             WHERE q.parent = 'events' AND NOT q.detach_pending
+               AND q.lower_bound = p.lower_bound AND q.upper_bound = p.upper_bound;
+    END LOOP;
+    RETURN QUERY
+        SELECT q.parent, q.partition, q.lower_bound, q.upper_bound, false
+          FROM webhooks.queue_partitions q
+         WHERE q.parent = 'attempts' AND NOT q.detach_pending
+           AND q.upper_bound <= v_cutoff
+         ORDER BY q.upper_bound;
+END
+$$;
+
+-- Called with a deliveries partition that retention has just detached: when it holds a
+-- pending delivery or one finished within `retention` (requeued between
+-- expired_partitions and the detach), attaches it again with its bounds and returns true
+-- (kept); otherwise returns false and the caller drops it.
+CREATE FUNCTION webhooks.keep_detached_deliveries(detached text, lower_bound timestamptz,
+                                                  upper_bound timestamptz,
+                                                  retention interval)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_busy boolean;
+BEGIN
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM webhooks.%I WHERE status = ''pending'')'
+                   ' OR EXISTS (SELECT 1 FROM webhooks.%I WHERE status <> ''pending'''
+                   ' AND finished_at > %L)', detached, detached, now() - retention)
+       INTO v_busy;
+    IF v_busy THEN
+        EXECUTE format('ALTER TABLE webhooks.deliveries ATTACH PARTITION webhooks.%I '
+                       'FOR VALUES FROM (%s) TO (%s)', detached,
+                       CASE WHEN lower_bound = '-infinity' THEN 'MINVALUE'
+                            ELSE quote_literal(lower_bound) END,
+                       CASE WHEN upper_bound = 'infinity' THEN 'MAXVALUE'
+                            ELSE quote_literal(upper_bound) END);
+    END IF;
+    RETURN v_busy;
+END
+$$;
+
+-- Deleting subscriptions deletes their deliveries (what ON DELETE CASCADE did before the
+-- tables were partitioned), one index range per subscription and partition.
+CREATE FUNCTION webhooks.forget_deliveries() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DELETE FROM webhooks.deliveries d
+     USING gone g
+     WHERE d.subscription_id = g.id;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER subscriptions_forget_deliveries
+    AFTER DELETE ON webhooks.subscriptions
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT EXECUTE FUNCTION webhooks.forget_deliveries();
+
+-- Pending deliveries whose subscription is gone (a fan-out that read the subscription
+-- while it was being deleted) are deleted; returns how many. Run by the workers before
+-- retention, so such a delivery never holds its partition.
+CREATE FUNCTION webhooks.close_orphans() RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_count bigint;
+BEGIN
+    DELETE FROM webhooks.deliveries d
+     WHERE d.status = 'pending'
+       AND NOT EXISTS (SELECT 1 FROM webhooks.subscriptions s WHERE s.id = d.subscription_id);
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$$;
+
+REVOKE ALL ON FUNCTION webhooks.ensure_partitions(timestamptz, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION webhooks.expired_partitions(interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION webhooks.keep_detached_deliveries(text, timestamptz, timestamptz,
+                                                         interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION webhooks.forget_deliveries() FROM PUBLIC;
+REVOKE ALL ON FUNCTION webhooks.close_orphans() FROM PUBLIC;
+
+-- Today's partitions and the next two days'; the workers keep two days ahead.
+DO $$ BEGIN PERFORM webhooks.ensure_partitions(now(), now() + interval '2 days'); END $$;

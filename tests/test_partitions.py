@@ -1,0 +1,346 @@
+"""The queue tables' daily partitions (sql/partitions.sql, service/worker/pruning.py):
+made ahead, dropped whole past retention without losing a pending or requeued delivery,
+migration 0005 on a populated database, and the plans of the queue's queries."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from yoyo import get_backend, read_migrations
+from yoyo.migrations import MigrationList
+
+from service import db
+from service.store import Store
+from service.worker import pruning
+from service.worker.pruning import prune
+from tests.support.worker import open_pool
+
+DAY = 86400.0
+WEEK = 7 * DAY
+
+
+def partitions(conn: psycopg.Connection, parent: str) -> list[str]:
+    rows = conn.execute("SELECT partition FROM webhooks.queue_partitions WHERE parent = %s"
+                        " ORDER BY lower_bound", (parent,)).fetchall()
+    return [r[0] for r in rows]
+
+
+def subscription(conn: psycopg.Connection) -> int:
+    row = conn.execute("INSERT INTO webhooks.subscriptions (owner, resource, events, target,"
+                       " secret) VALUES ('o', 'invoices', '{invoice.create}', 'http://x/',"
+                       " 's') RETURNING id").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def seed_day(conn: psycopg.Connection, sid: int, days_ago: int, n: int,
+             status: str = "succeeded") -> None:
+    """n events and deliveries made `days_ago` days ago (finished then unless pending),
+    each with one attempt, in the partitions of that day (created if need be)."""
+    conn.execute("SELECT webhooks.ensure_partitions(now() - make_interval(days => %s),"
+                 " now() - make_interval(days => %s))", (days_ago, days_ago))
+    conn.execute(
+        "WITH e AS (INSERT INTO webhooks.events (id, hook_resource, name, occurred_at, body,"
+        "                                      created_at)"
+        "  SELECT nextval('webhooks.event_ids'), 'invoices', 'invoice.create', t, '{}', t"
+        "    FROM generate_series(1, %(n)s),"
+        "         LATERAL (SELECT now() - make_interval(days => %(ago)s)) AS x (t)"
+        "  RETURNING id, created_at),"
+        " d AS (INSERT INTO webhooks.deliveries (event_id, subscription_id, status, attempts,"
+        "                                       created_at, finished_at)"
+        "  SELECT e.id, %(sid)s, %(status)s, 1, e.created_at,"
+        "         CASE WHEN %(status)s <> 'pending' THEN e.created_at END FROM e"
+        "  RETURNING id, created_at)"
+        " INSERT INTO webhooks.attempts (delivery_id, subscription_id, attempt, attempted_at,"
+        "                                status, duration_ms)"
+        " SELECT d.id, %(sid)s, 1, d.created_at, 200, 1 FROM d",
+        {"n": n, "ago": days_ago, "sid": sid, "status": status})
+
+
+def count(conn: psycopg.Connection, table: str) -> int:
+    row = conn.execute(f"SELECT count(*) FROM webhooks.{table}").fetchone()  # noqa: S608
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_fresh_install_has_today_and_two_days_ahead(conn: psycopg.Connection) -> None:
+    for parent in ("events", "deliveries", "attempts"):
+        rows = conn.execute(
+            "SELECT lower_bound = date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE"
+            " 'UTC', upper_bound - lower_bound FROM webhooks.queue_partitions"
+            " WHERE parent = %s ORDER BY lower_bound", (parent,)).fetchall()
+        assert len(rows) == 3, parent
+        assert rows[0][0] is True
+        assert {r[1].days for r in rows} == {1}
+
+
+def test_ensure_partitions_is_idempotent_and_refuses_nonsense(
+        conn: psycopg.Connection) -> None:
+    made = conn.execute("SELECT webhooks.ensure_partitions(now() - interval '3 days',"
+                        " now() + interval '4 days')").fetchone()
+    assert made == (3 * 3 + 2 * 3,)  # three days back, two more ahead, three tables
+    again = conn.execute("SELECT webhooks.ensure_partitions(now() - interval '3 days',"
+                         " now() + interval '4 days')").fetchone()
+    assert again == (0,)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="since <= until"):
+        conn.execute("SELECT webhooks.ensure_partitions(now(), now() - interval '1 day')")
+
+
+async def test_retention_drops_old_days_and_keeps_pending_work(
+        db_url: str, conn: psycopg.Connection) -> None:
+    sid = subscription(conn)
+    seed_day(conn, sid, 12, 50)
+    seed_day(conn, sid, 11, 50)
+    seed_day(conn, sid, 10, 5, status="pending")  # a delivery still being retried
+    seed_day(conn, sid, 10, 45)
+    seed_day(conn, sid, 9, 50)
+    seed_day(conn, sid, 1, 50)
+    before = partitions(conn, "deliveries")
+    async with open_pool(db_url) as pool:
+        dropped = await prune(Store(pool), retention=WEEK)
+    # Days 12 and 11 go (deliveries and events); day 10 holds a pending delivery, so it
+    # and the days after it stay; every attempts partition older than a week goes (day 9's
+    # too: its end is eight days ago).
+    assert dropped == 2 * 2 + 4
+    after = partitions(conn, "deliveries")
+    assert after == before[2:]
+    assert partitions(conn, "events") == [p.replace("deliveries", "events") for p in after]
+    assert len(partitions(conn, "attempts")) == len(after) - 2
+    assert count(conn, "deliveries") == 5 + 45 + 50 + 50
+    assert count(conn, "events") == 5 + 45 + 50 + 50
+    assert count(conn, "attempts") == 50
+    # The pending deliveries are finished: their day goes with the next round, and the
+    # day after it too.
+    conn.execute("UPDATE webhooks.deliveries SET status = 'failed',"
+                  " finished_at = now() - interval '8 days' WHERE status = 'pending'")
+    async with open_pool(db_url) as pool:
+        assert await prune(Store(pool), retention=WEEK) == 4
+    assert count(conn, "deliveries") == 50
+
+
+async def test_a_delivery_requeued_after_the_choice_is_kept(
+        db_url: str, conn: psycopg.Connection) -> None:
+    """redeliver between expired_partitions and the detach: the detached partition is
+    checked again, attached back, and nothing is lost."""
+    sid = subscription(conn)
+    seed_day(conn, sid, 10, 20)
+    chosen: list[dict[str, Any]] = []
+    real_drop = pruning._drop
+
+    async def requeue_then_drop(s: Any, part: dict[str, Any], retention: float) -> bool:
+        if part["parent"] == "deliveries" and not chosen:
+            chosen.append(part)
+            conn.execute("SELECT webhooks.redeliver(min(id)) FROM webhooks.deliveries")
+        return await real_drop(s, part, retention)
+
+    pruning._drop = requeue_then_drop  # type: ignore[assignment]
+    try:
+        async with open_pool(db_url) as pool:
+            dropped = await prune(Store(pool), retention=WEEK)
+    finally:
+        pruning._drop = real_drop  # type: ignore[assignment]
+    assert chosen and dropped == 0
+    assert count(conn, "deliveries") == 20
+    assert conn.execute("SELECT count(*) FROM webhooks.deliveries WHERE status = 'pending'"
+                        ).fetchone() == (1,)
+    assert chosen[0]["partition"] in partitions(conn, "deliveries")
+
+
+async def test_an_interrupted_detach_is_finished_next_round(
+        db_url: str, conn: psycopg.Connection) -> None:
+    sid = subscription(conn)
+    seed_day(conn, sid, 10, 10)
+    (name,) = partitions(conn, "events")[:1]
+    # A detach cancelled in its second phase leaves the partition "detach pending".
+    conn.execute("UPDATE pg_catalog.pg_inherits SET inhdetachpending = true"
+                 " WHERE inhrelid = %s::regclass", (f"webhooks.{name}",))
+    async with open_pool(db_url) as pool:
+        assert await prune(Store(pool), retention=WEEK) >= 2
+    assert name not in partitions(conn, "events")
+    assert count(conn, "events") == 0
+
+
+async def test_two_pruners_at_once(db_url: str, conn: psycopg.Connection) -> None:
+    sid = subscription(conn)
+    for days in (12, 11, 10):
+        seed_day(conn, sid, days, 10)
+    async with open_pool(db_url) as pool:
+        results = await asyncio.gather(prune(Store(pool), WEEK), prune(Store(pool), WEEK))
+    assert sum(results) == 3 * 3
+    assert count(conn, "deliveries") == 0
+
+
+def test_deleting_a_subscription_deletes_its_deliveries(conn: psycopg.Connection) -> None:
+    keep, gone = subscription(conn), subscription(conn)
+    seed_day(conn, keep, 0, 3)
+    seed_day(conn, gone, 0, 4)
+    conn.execute("DELETE FROM webhooks.subscriptions WHERE id = %s", (gone,))
+    rows = conn.execute("SELECT DISTINCT subscription_id FROM webhooks.deliveries").fetchall()
+    assert rows == [(keep,)]
+
+
+async def test_pending_deliveries_of_a_gone_subscription_are_closed(
+        db_url: str, conn: psycopg.Connection) -> None:
+    """A fan-out that read a subscription while it was being deleted leaves deliveries no
+    claim will ever take; retention deletes them so they never hold their partition."""
+    sid = subscription(conn)
+    conn.execute("ALTER TABLE webhooks.subscriptions DISABLE TRIGGER"
+                 " subscriptions_forget_deliveries")
+    seed_day(conn, sid, 0, 3, status="pending")
+    conn.execute("DELETE FROM webhooks.subscriptions WHERE id = %s", (sid,))
+    conn.execute("ALTER TABLE webhooks.subscriptions ENABLE TRIGGER"
+                 " subscriptions_forget_deliveries")
+    assert count(conn, "deliveries") == 3
+    async with open_pool(db_url) as pool:
+        await prune(Store(pool), retention=WEEK)
+    assert count(conn, "deliveries") == 0
+
+
+async def test_retention_keeps_partitions_ahead(db_url: str, conn: psycopg.Connection
+                                                ) -> None:
+    conn.execute("DROP TABLE webhooks." + partitions(conn, "deliveries")[-1])
+    async with open_pool(db_url) as pool:
+        await prune(Store(pool), retention=WEEK)
+    assert len(partitions(conn, "deliveries")) == 3
+    # A delivery made two days from now would have its partition.
+    conn.execute("INSERT INTO webhooks.deliveries (event_id, subscription_id, created_at)"
+                 " VALUES (1, 1, now() + interval '2 days')")
+
+
+# --- the queue's queries keep their indexes --------------------------------------------
+
+@pytest.fixture
+def seeded(conn: psycopg.Connection) -> Iterator[psycopg.Connection]:
+    """Eight days of 20,000 finished deliveries each over 50 subscriptions, 2,000 pending
+    today, analysed."""
+    subs = [subscription(conn) for _ in range(50)]
+    conn.execute("SELECT webhooks.ensure_partitions(now() - interval '8 days', now())")
+    conn.execute(
+        "INSERT INTO webhooks.events (id, hook_resource, name, occurred_at, body, created_at)"
+        " SELECT i, 'invoices', 'invoice.create', t, '{}', t"
+        "   FROM generate_series(1, 160000) i,"
+        "        LATERAL (SELECT now() - make_interval(secs => (160000 - i) * 4.3)) AS x (t)")
+    conn.execute(
+        "INSERT INTO webhooks.deliveries (event_id, subscription_id, status, created_at,"
+        "                                 finished_at, next_attempt_at)"
+        " SELECT e.id, (%s::bigint[])[1 + e.id %% 50],"
+        "        CASE WHEN e.id > 158000 THEN 'pending' ELSE 'succeeded' END, e.created_at,"
+        "        CASE WHEN e.id > 158000 THEN NULL ELSE e.created_at END, e.created_at"
+        "   FROM webhooks.events e", (subs,))
+    conn.execute("INSERT INTO webhooks.attempts (delivery_id, subscription_id, attempt,"
+                 " attempted_at, status, duration_ms)"
+                 " SELECT id, subscription_id, 1, created_at, 200, 1 FROM webhooks.deliveries")
+    conn.execute("ANALYZE webhooks.events, webhooks.deliveries, webhooks.attempts")
+    yield conn
+
+
+def plan(conn: psycopg.Connection, name: str, params: dict[str, Any]) -> str:
+    with conn.cursor() as cur:
+        rows = cur.execute(b"EXPLAIN " + db.query(name).encode(), params).fetchall()
+    return "\n".join(r[0] for r in rows)
+
+
+def reads_a_table_whole(plan: str) -> bool:
+    """A sequential scan of a partition that holds rows (the planner may scan an empty
+    partition, one of the days ahead, at no cost)."""
+    return any("Seq Scan" in line and "cost=0.00..0.00 " not in line
+               for line in plan.splitlines())
+
+
+def test_claim_list_and_recover_use_their_indexes(seeded: psycopg.Connection) -> None:
+    conn = seeded
+    claim = plan(conn, "claim", {
+        "limit": 100, "scan": 1000, "per_target": 8, "per_owner": 32, "lease": 60.0,
+        "busy_ids": [], "busy_counts": [], "saturated": [], "degraded": [],
+        "owner_names": [], "owner_counts": [], "saturated_owners": []})
+    assert "due_idx" in claim or "next_attempt_at_id_idx" in claim, claim
+    assert not reads_a_table_whole(claim), claim
+    sid = conn.execute("SELECT min(id) FROM webhooks.subscriptions").fetchone()
+    assert sid is not None
+    listing = plan(conn, "deliveries_list", {
+        "subscription_id": sid[0], "before": None, "status": None, "event": None,
+        "since": None, "until": None, "limit": 100})
+    assert not reads_a_table_whole(listing), listing
+    assert "Sort" not in listing.split("Limit", 1)[1].split("SubPlan", 1)[0] or \
+        "Merge Append" in listing, listing
+    one = plan(conn, "deliveries_get", {"id": 1000, "subscription_id": None})
+    assert not reads_a_table_whole(one), one
+    attempts = plan(conn, "deliveries_attempts", {"id": 1000})
+    assert not reads_a_table_whole(attempts), attempts
+    with conn.cursor() as cur:
+        recover = "\n".join(r[0] for r in cur.execute(
+            "EXPLAIN UPDATE webhooks.deliveries d SET status = 'pending'"
+            " WHERE d.subscription_id = %s AND d.status = 'failed'"
+            "   AND d.created_at >= now() - interval '1 day'", (sid[0],)).fetchall())
+    assert not reads_a_table_whole(recover), recover
+    # Partitions older than the window are not even visited.
+    assert "Subplans Removed: 7" in recover, recover
+
+
+# --- migration 0005 on a populated database ---------------------------------------------
+
+def migrate_to(url: str, last: str) -> None:
+    backend = get_backend(db.yoyo_url(url))
+    try:
+        wanted = MigrationList(m for m in read_migrations(str(db.MIGRATIONS_DIR))
+                               if m.id <= last)
+        with backend.lock():
+            backend.apply_migrations(backend.to_apply(wanted))
+    finally:
+        backend.connection.close()
+
+
+def test_migration_0005_keeps_a_million_deliveries(empty_db: str) -> None:
+    migrate_to(empty_db, "0004.failure-lifecycle")
+    n = 1_000_000
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        subs = [subscription(conn) for _ in range(10)]
+        conn.execute("INSERT INTO webhooks.events (id, hook_resource, name, occurred_at, body)"
+                     " SELECT nextval('webhooks.event_ids'), 'invoices', 'invoice.create',"
+                     " now() - make_interval(secs => %s - i), '{}'"
+                     " FROM generate_series(1, %s) i", (n, n))
+        conn.execute(
+            "INSERT INTO webhooks.deliveries (event_id, subscription_id, status, created_at,"
+            " finished_at, next_attempt_at)"
+            " SELECT e.id, (%s::bigint[])[1 + e.id %% 10],"
+            " CASE WHEN e.id %% 1000 = 0 THEN 'pending' ELSE 'succeeded' END, e.occurred_at,"
+            " CASE WHEN e.id %% 1000 = 0 THEN NULL ELSE e.occurred_at END, e.occurred_at"
+            " FROM webhooks.events e", (subs,))
+        conn.execute("INSERT INTO webhooks.attempts (delivery_id, subscription_id, attempt,"
+                     " attempted_at, status, duration_ms)"
+                     " SELECT id, subscription_id, 1, created_at, 200, 1"
+                     " FROM webhooks.deliveries")
+        last = conn.execute("SELECT max(id) FROM webhooks.deliveries").fetchone()
+        assert last is not None
+        started = time.monotonic()
+        assert db.migrate(empty_db) == ["0005.queue-partitions"]
+        print(f"migration 0005 with {n:,} deliveries: {time.monotonic() - started:.1f} s")
+        assert count(conn, "deliveries") == n
+        assert count(conn, "events") == n
+        assert count(conn, "attempts") == n
+        assert partitions(conn, "deliveries")[0] == "deliveries_legacy"
+        assert partitions(conn, "events")[0] == "events_legacy"
+        # New rows go to today's partition, with ids after the old ones.
+        row = conn.execute(
+            "WITH e AS (INSERT INTO webhooks.events (id, hook_resource, name, occurred_at,"
+            " body) VALUES (nextval('webhooks.event_ids'), 'invoices', 'invoice.create',"
+            " now(), '{}') RETURNING id)"
+            " INSERT INTO webhooks.deliveries (event_id, subscription_id)"
+            " SELECT id, %s FROM e RETURNING id, tableoid::regclass::text", (subs[0],)
+        ).fetchone()
+        assert row is not None and row[0] > last[0]
+        assert row[1].startswith("webhooks.deliveries_p")
+        # The old pending deliveries are claimable, by index.
+        conn.execute("ANALYZE webhooks.deliveries")
+        pending = conn.execute(
+            "EXPLAIN SELECT id FROM webhooks.deliveries WHERE status = 'pending'"
+            " AND next_attempt_at <= now() ORDER BY next_attempt_at, id LIMIT 10").fetchall()
+        assert "Seq Scan" not in "\n".join(r[0] for r in pending)
+        # A subscription's deletion still takes its old deliveries with it.
+        conn.execute("DELETE FROM webhooks.subscriptions WHERE id = %s", (subs[1],))
+        assert count(conn, "deliveries") == n + 1 - n // 10
