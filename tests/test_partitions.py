@@ -63,7 +63,7 @@ def seed_day(conn: psycopg.Connection, sid: int, days_ago: int, n: int,
 
 
 def count(conn: psycopg.Connection, table: str) -> int:
-    row = conn.execute(f"SELECT count(*) FROM webhooks.{table}").fetchone()  # noqa: S608
+    row = conn.execute(f"SELECT count(*) FROM webhooks.{table}").fetchone()
     assert row is not None
     return int(row[0])
 
