@@ -46,6 +46,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from service.worker.loop import run_worker
 
     settings = _settings()
+    if args.processes < 1:
+        raise SystemExit("webhooks worker: --processes must be at least 1")
+    if args.processes > 1:
+        from service.commands.processes import child_argv, run_processes
+
+        return run_processes([child_argv(i, args.concurrency, args.metrics_port,
+                                         args.metrics_host) for i in range(args.processes)])
     run_loop(run_worker(settings, concurrency=args.concurrency or settings.concurrency,
                         metrics_port=args.metrics_port, metrics_host=args.metrics_host))
     return 0
@@ -140,8 +147,12 @@ def _add_process_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
                                    "or Ctrl-C; in-flight deliveries finish or are released.")
     p.add_argument("--concurrency", type=int, default=None,
                    help="deliveries in flight at once (default WEBHOOKS_CONCURRENCY, 64)")
+    p.add_argument("--processes", type=int, default=1,
+                   help="worker processes to run on this host, each with its own "
+                        "concurrency and connections (default 1; see the README)")
     p.add_argument("--metrics-port", type=int, default=None,
-                   help="serve Prometheus metrics at /metrics on this port")
+                   help="serve Prometheus metrics at /metrics on this port (with "
+                        "--processes N: this port and the N-1 after it)")
     p.add_argument("--metrics-host", default="127.0.0.1",
                    help="address of the metrics server (default 127.0.0.1)")
     p.set_defaults(func=cmd_worker)

@@ -1,0 +1,78 @@
+"""`webhooks worker --processes N`: N delivery processes on one host, one command to stop
+them, and a child that dies is started again."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import psycopg
+
+from service.commands.processes import child_argv
+from tests.support.receivers import Receiver
+from tests.support.subscriptions import subscribe
+from tests.support.worker import poll, worker_env
+
+WEBHOOKS = str(Path(sys.executable).with_name("webhooks"))
+
+
+def listener_count(conn: psycopg.Connection) -> int:
+    row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                       "current_database() AND application_name = 'webhooks-listener'"
+                       ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def test_each_child_is_one_worker_with_its_own_metrics_port() -> None:
+    argv = child_argv(2, 16, 9100, "0.0.0.0")
+    assert argv[1:] == ["-m", "service", "worker", "--processes", "1", "--concurrency", "16",
+                        "--metrics-port", "9102", "--metrics-host", "0.0.0.0"]
+    assert "--metrics-port" not in child_argv(0, None, None, "127.0.0.1")
+
+
+async def test_processes_deliver_together_restart_a_dead_child_and_stop_cleanly(
+        db_url: str, conn: psycopg.Connection, tmp_path: Path) -> None:
+    async with Receiver() as receiver:
+        subscribe(conn, receiver.url, events=["invoice.create"])
+        log = tmp_path / "workers.log"
+        with log.open("wb") as out:
+            proc = await asyncio.create_subprocess_exec(
+                WEBHOOKS, "worker", "--processes", "2", "--concurrency", "8",
+                env=worker_env(db_url), stdout=out, stderr=out)
+        try:
+            await poll(lambda: listener_count(conn) == 2, timeout=30,
+                       what="two worker processes listening")
+            assert len(children(proc.pid)) == 2
+            conn.execute("INSERT INTO invoices (number, customer, amount)"
+                         " SELECT 'P' || g, 'c', 1 FROM generate_series(1, 300) g")
+            await receiver.wait_for(lambda r: len(r.deliveries()) >= 300, timeout=30)
+            # A child that dies is started again (after its backoff, a second).
+            victim = children(proc.pid)[0]
+            os.kill(victim, signal.SIGKILL)
+            await poll(lambda: victim not in children(proc.pid)
+                       and len(children(proc.pid)) == 2, timeout=20,
+                       what="the dead child replaced")
+            await poll(lambda: listener_count(conn) == 2, timeout=30,
+                       what="the new child listening")
+            conn.execute("INSERT INTO invoices (number, customer, amount)"
+                         " SELECT 'Q' || g, 'c', 1 FROM generate_series(1, 100) g")
+            await receiver.wait_for(lambda r: len(r.deliveries()) >= 400, timeout=30)
+        finally:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+            code = await asyncio.wait_for(proc.wait(), 30)
+        assert code == 0, log.read_text()
+        await poll(lambda: listener_count(conn) == 0, timeout=10, what="children gone")
+    ids = [r.headers["webhook-id"] for r in receiver.deliveries()]
+    assert len(set(ids)) == 400
