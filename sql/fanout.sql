@@ -21,13 +21,20 @@ $$;
 -- The changes of one outbox row, one row each, as they are delivered: the row as JSONB
 -- (NULL when the table is attached with include_row false), its id, parent id, tenant and
 -- user_id (the transaction's webhooks.user_id unless empty, else the user column, else
--- the role). With `careful`, a change whose JSON PostgreSQL cannot take as JSONB (a
--- \u0000 in a json column, say) comes with the reason in `problem` and no values (even
--- json's -> parses, and fails on, the whole element), instead
--- of failing the statement, and `raw` holds it as captured; fan-out sets it aside.
-CREATE OR REPLACE FUNCTION webhooks.changes(o webhooks.outbox, careful boolean DEFAULT false)
+-- the role). For an UPDATE, `changed` names the columns whose values changed, in table
+-- order (every sent column when the row's id changed, so no previous row was paired), and
+-- `previous` is the row as it was when the table is attached with include_previous; the
+-- filter row (`filter_row`) is the row as sent, '{}' when none is. With `careful`, a
+-- change whose JSON PostgreSQL cannot take as JSONB (a \u0000 in a json column, say)
+-- comes with the reason in `problem` and no values (even json's -> parses, and fails on,
+-- the whole element), instead of failing the statement, and `raw` holds it as captured;
+-- fan-out sets it aside.
+DROP VIEW IF EXISTS webhooks.outbox_changes;
+DROP FUNCTION IF EXISTS webhooks.changes(webhooks.outbox, boolean);
+CREATE FUNCTION webhooks.changes(o webhooks.outbox, careful boolean DEFAULT false)
 RETURNS TABLE (n bigint, resource_id jsonb, parent_id jsonb, user_id text,
-               tenant_scoped boolean, tenant text, row_data jsonb, problem text, raw json)
+               tenant_scoped boolean, tenant text, row_data jsonb, problem text, raw json,
+               changed text[], previous jsonb, filter_row jsonb)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT e.n,
            CASE WHEN p.problem IS NULL THEN (e.j -> 0)::jsonb END,
@@ -39,7 +46,18 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
            CASE WHEN p.problem IS NULL THEN e.j ->> 2 END,
            CASE WHEN p.problem IS NULL AND o.include_row THEN (e.j -> 4)::jsonb END,
            p.problem,
-           CASE WHEN p.problem IS NOT NULL THEN e.j END
+           CASE WHEN p.problem IS NOT NULL THEN e.j END,
+           CASE WHEN p.problem IS NULL AND json_array_length(e.j) > 5 THEN
+               (SELECT coalesce(array_agg(c.key ORDER BY c.ord), '{}')
+                  FROM json_each(e.j -> 4) WITH ORDINALITY AS c (key, value, ord)
+                 WHERE json_typeof(e.j -> 5) IS DISTINCT FROM 'object'
+                    OR (e.j -> 5 -> c.key)::text IS DISTINCT FROM c.value::text)
+           END,
+           CASE WHEN p.problem IS NULL AND o.include_previous AND json_array_length(e.j) > 5
+                     AND json_typeof(e.j -> 5) = 'object'
+                THEN (e.j -> 5)::jsonb END,
+           CASE WHEN p.problem IS NULL AND o.include_row THEN (e.j -> 4)::jsonb
+                ELSE '{}'::jsonb END
       FROM json_array_elements(o.rows) WITH ORDINALITY AS e (j, n)
      CROSS JOIN LATERAL (SELECT CASE WHEN careful THEN webhooks.jsonb_problem(e.j) END
                                 AS problem) p
@@ -47,22 +65,44 @@ $$;
 
 
 -- What is waiting for fan-out, one change a row, in capture order.
-CREATE OR REPLACE VIEW webhooks.outbox_changes AS
+CREATE VIEW webhooks.outbox_changes AS
 SELECT o.id AS outbox_id, c.n, o.hook_resource, o.name, o.resource, c.resource_id,
        o.parent_resource, c.parent_id, c.user_id, c.tenant_scoped, c.tenant, o.occurred_at,
-       c.row_data
+       c.row_data, c.changed, c.previous
   FROM webhooks.outbox o
  CROSS JOIN LATERAL webhooks.changes(o) c;
 
+-- Whether a change passes a subscription's filter (SPEC section 9): `filter_path` is the
+-- filter compiled by the API (service/filters.py) to a strict SQL/JSON path predicate on
+-- the row as sent, with $changed (the changed columns, [] unless an update) and $update.
+-- NULL passes everything; an error (a column that is not there any more) passes nothing.
+-- Every name is qualified and nothing is SET, so fan-out's statement inlines it.
+CREATE OR REPLACE FUNCTION webhooks.filter_passes(filter_path jsonpath, row_data jsonb,
+                                                  changed text[])
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT filter_path IS NULL
+        OR coalesce(pg_catalog.jsonb_path_exists(
+               coalesce(row_data, '{}'::pg_catalog.jsonb), filter_path,
+               pg_catalog.jsonb_build_object(
+                   'changed', coalesce(pg_catalog.to_jsonb(changed), '[]'::pg_catalog.jsonb),
+                   'update', changed IS NOT NULL),
+               true), false)
+$$;
+
 -- The delivery body of an event (SPEC section 5; `parent` goes inside `event`), built
 -- once per event when it is queued: fan-out, the operational events and test events all
--- use it. `members` holds what follows the envelope (`resource`, or `resource_omitted`);
+-- use it. `members` holds what follows the envelope (`resource`, or `resource_omitted`,
+-- and `previous`); `changed` (an update's changed columns) goes inside `event`;
 -- || adds optional members only when present (jsonb_strip_nulls would also drop a row's
 -- own null columns). Every name is qualified and nothing is SET, so fan-out's statement
 -- inlines it.
-CREATE OR REPLACE FUNCTION webhooks.event_body(
+DROP FUNCTION IF EXISTS webhooks.event_body(bigint, text, text, jsonb, text, timestamptz,
+                                            jsonb, jsonb);
+CREATE FUNCTION webhooks.event_body(
     event_id bigint, name text, resource text, resource_id jsonb, user_id text,
-    occurred_at timestamptz, parent jsonb DEFAULT NULL, members jsonb DEFAULT '{}'
+    occurred_at timestamptz, parent jsonb DEFAULT NULL, members jsonb DEFAULT '{}',
+    changed jsonb DEFAULT NULL
 ) RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT (pg_catalog.jsonb_build_object(
@@ -76,6 +116,9 @@ LANGUAGE sql STABLE AS $$
                                                       'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
                 OPERATOR(pg_catalog.||) CASE WHEN parent IS NULL THEN '{}'::pg_catalog.jsonb
                                              ELSE pg_catalog.jsonb_build_object('parent', parent)
+                                        END
+                OPERATOR(pg_catalog.||) CASE WHEN changed IS NULL THEN '{}'::pg_catalog.jsonb
+                                             ELSE pg_catalog.jsonb_build_object('changed', changed)
                                         END)
             OPERATOR(pg_catalog.||) members)::pg_catalog.text
 $$;

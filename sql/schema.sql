@@ -34,7 +34,8 @@ CREATE TABLE webhooks.attachments (
     public          boolean NOT NULL,
     attached_at     timestamptz NOT NULL DEFAULT now(),
     id              bigint GENERATED ALWAYS AS IDENTITY UNIQUE,  -- names its capture function
-    columns         text[]  -- allow-list: only these are sent (NULL: every column)
+    columns         text[],  -- allow-list: only these are sent (NULL: every column)
+    include_previous boolean NOT NULL DEFAULT false  -- .update payloads carry `previous`
 );
 
 -- The hook-events registry: what integrators may subscribe to, per resource.
@@ -76,7 +77,14 @@ CREATE TABLE webhooks.subscriptions (
     -- Secret rotation: the secret before the last rotation (sealed like `secret`), which
     -- also signs deliveries until previous_secret_expires_at.
     previous_secret             text,
-    previous_secret_expires_at  timestamptz
+    previous_secret_expires_at  timestamptz,
+    -- SPEC section 9: the filter as the integrator sent it (NULL: none), and compiled to
+    -- the SQL/JSON path that fan-out evaluates (webhooks.filter_passes).
+    filter                      jsonb,
+    filter_path                 jsonpath,
+    -- SPEC section 10: strict is one delivery in flight at a time, in event order.
+    ordering                    text NOT NULL DEFAULT 'unordered'
+                                CHECK (ordering IN ('unordered', 'strict'))
 );
 CREATE INDEX subscriptions_owner_idx ON webhooks.subscriptions (owner, id);
 -- What webhooks.lifecycle() looks for every few seconds: partial indexes, empty while every
@@ -100,6 +108,7 @@ CREATE TABLE webhooks.subscription_events (
     resource         text NOT NULL,
     tenant           text,
     active_since     pg_snapshot NOT NULL,
+    filter_path      jsonpath,  -- the subscription's, copied: fan-out reads only this table
     PRIMARY KEY (subscription_id, event)
 );
 CREATE INDEX subscription_events_match_idx
@@ -120,7 +129,10 @@ CREATE TABLE webhooks.wanted_events (
 -- JSON array with one element per changed row, [resource_id, parent_id, tenant, user, row]:
 -- ids and the row as JSON, tenant and user as text, the row already limited to the
 -- columns that may leave the database (NULL when the table is attached with include_row
--- false). Turning them into JSONB and building delivery bodies happen at fan-out, in the
+-- false). An UPDATE's elements add the row as it was, [..., row, previous row], and always
+-- carry the row (fan-out names the changed columns from the two, and drops the row from
+-- payloads when include_row is false). Turning them into JSONB and building delivery
+-- bodies happen at fan-out, in the
 -- worker, off the write path (webhooks.outbox_changes shows one change a row).
 CREATE TABLE webhooks.outbox (
     id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -134,7 +146,8 @@ CREATE TABLE webhooks.outbox (
     occurred_at     timestamptz NOT NULL,
     rows            json NOT NULL,
     tenant_scoped   boolean NOT NULL DEFAULT false,
-    xid             xid8            -- the writing transaction (NULL for rows captured by 0001)
+    xid             xid8,           -- the writing transaction (NULL for rows captured by 0001)
+    include_previous boolean NOT NULL DEFAULT false
 );
 
 -- Changes that could not become events (a json value PostgreSQL cannot convert to jsonb,
@@ -246,10 +259,17 @@ LANGUAGE sql STABLE AS $$
                                               'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
         'last_failure_at', pg_catalog.to_char(s.last_failure_at AT TIME ZONE 'UTC',
                                               'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-        'last_failure_content', s.last_failure_content)::pg_catalog.text
+        'last_failure_content', s.last_failure_content,
+        'filter', s.filter,
+        'ordering', s.ordering)::pg_catalog.text
 $$;
 
 -- The delivery log (SPEC section 7): a subscription's deliveries, newest first, a page at
 -- a time (`before=<id>`), within `since`/`until`: one backward range scan of this index
 -- that stops after a page, however many deliveries the subscription has.
 CREATE INDEX deliveries_log_idx ON webhooks.deliveries (subscription_id, created_at, id);
+
+-- Strict ordering (SPEC section 10): a strict subscription's first pending delivery, the
+-- only one the claim may take.
+CREATE INDEX deliveries_pending_idx ON webhooks.deliveries (subscription_id, id)
+    WHERE status = 'pending';

@@ -21,7 +21,8 @@ async def test_create_returns_the_subscription_and_stores_it(api: Api) -> None:
     assert body == {"id": body["id"], "resource": "invoices",
                     "events": "invoice.create,payment.delete", "target": api.receiver.url,
                     "active": True, "last_status": 200, "last_success_at": None,
-                    "last_failure_at": None, "last_failure_content": None}
+                    "last_failure_at": None, "last_failure_content": None, "filter": None,
+                    "ordering": "unordered"}
     assert isinstance(body["id"], int)
     handshake = api.receiver.received[-1]
     assert handshake.method == "POST"

@@ -45,6 +45,8 @@ class Subscription(msgspec.Struct):
     last_success_at: str | None
     last_failure_at: str | None
     last_failure_content: str | None
+    filter: dict[str, Any] | None = None
+    ordering: str = "unordered"
 
 
 class HookEvent(msgspec.Struct):
@@ -69,6 +71,7 @@ def to_subscription(row: dict[str, Any]) -> Subscription:
         last_success_at=timestamp(row["last_success_at"]),
         last_failure_at=timestamp(row["last_failure_at"]),
         last_failure_content=row["last_failure_content"],
+        filter=row.get("filter"), ordering=row.get("ordering", "unordered"),
     )
 
 
@@ -187,8 +190,11 @@ def parse_active(text: str | None) -> bool | None:
 
 
 CREATE_FIELDS = ("resource", "events", "target")
+CREATE_OPTIONAL = ("filter", "ordering")
+ORDERINGS = ("unordered", "strict")
 UPDATE_FIELDS = ("active", "id", "resource", "events", "target", "last_status",
-                 "last_success_at", "last_failure_at", "last_failure_content")
+                 "last_success_at", "last_failure_at", "last_failure_content", "filter",
+                 "ordering")
 # id, resource, events and target may be repeated in a PUT but not changed. The status
 # fields, which the worker changes at any time, may be sent too (a client sending back what
 # it read) and are ignored, since comparing them would race the worker.
@@ -213,6 +219,12 @@ def check_unchanged(body: dict[str, Any], current: Subscription, names: list[str
                                 "and delete this one instead")
     if names is not None and set(names) != set(current.events.split(",")):
         raise ApiError(400, "field 'events' cannot be changed; create a new webhook and "
+                            "delete this one instead")
+    if "filter" in body and body["filter"] != current.filter:
+        raise ApiError(400, "field 'filter' cannot be changed; create a new webhook and "
+                            "delete this one instead")
+    if "ordering" in body and body["ordering"] != current.ordering:
+        raise ApiError(400, "field 'ordering' cannot be changed; create a new webhook and "
                             "delete this one instead")
     for name in STATUS_FIELDS:
         value = body.get(name)
@@ -240,6 +252,16 @@ CREATE_SCHEMA = Schema(
                          description="http(s) URL that answers the verification POST with "
                                      "200 and the same X-Hook-Secret header",
                          examples=["https://example.com/hooks"]),
+        "filter": Schema(
+            one_of=[Schema(type=OpenAPIType.OBJECT), Schema(type=OpenAPIType.NULL)],
+            description="conditions on the row, all of which must hold (SPEC section 9): "
+                        "column: scalar (equality) or {op: value} with op one of eq, ne, "
+                        "gt, gte, lt, lte, in, nin (arrays), exists (true/false); "
+                        '"$changed": [columns] passes an update only when one changed',
+            examples=[{"status": "paid", "amount": {"gte": 100}, "$changed": ["status"]}]),
+        "ordering": Schema(type=OpenAPIType.STRING, enum=list(ORDERINGS),
+                           description="strict: one delivery in flight at a time, in event "
+                                       "order; default unordered"),
     },
 )
 UPDATE_SCHEMA = Schema(
@@ -260,6 +282,9 @@ UPDATE_SCHEMA = Schema(
         "last_success_at": Schema(one_of=[_STRING, Schema(type=OpenAPIType.NULL)]),
         "last_failure_at": Schema(one_of=[_STRING, Schema(type=OpenAPIType.NULL)]),
         "last_failure_content": Schema(one_of=[_STRING, Schema(type=OpenAPIType.NULL)]),
+        "filter": Schema(one_of=[Schema(type=OpenAPIType.OBJECT),
+                                 Schema(type=OpenAPIType.NULL)]),
+        "ordering": Schema(type=OpenAPIType.STRING, enum=list(ORDERINGS)),
     },
 )
 REQUEST_COMPONENTS = Components(

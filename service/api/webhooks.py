@@ -13,14 +13,17 @@ from litestar import MediaType, Request, Response, delete, get, post, put
 from litestar.di import NamedDependency
 from litestar.params import Parameter
 from psycopg.rows import tuple_row
+from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from service import events
+from service import events, filters
 from service.api.errors import ApiError, error_responses
 from service.api.handshake import HandshakeFailed, new_secret, verify
 from service.api.metrics import ApiMetrics
 from service.api.models import (
     CREATE_FIELDS,
+    CREATE_OPTIONAL,
+    ORDERINGS,
     UPDATE_FIELDS,
     CreateOperation,
     HookEvent,
@@ -89,6 +92,26 @@ async def _canonical_events(store: Store, resource: str, text: str, max_events: 
         return events.canonicalise(text, own_noun, registry, resource, max_events)
     except events.EventsError as exc:
         raise ApiError(400, str(exc)) from None
+
+
+async def _filter(store: Store, resource: str, names: list[str], given: Any
+                  ) -> tuple[Jsonb | None, str | None]:
+    """The checked filter and its compiled path (SPEC section 9); 400 naming what is wrong.
+    A column must be sent by every event of the subscription."""
+    if given is None:
+        return None, None
+    rows = await store.all("api_event_columns", {"resource": resource, "events": names})
+    if any(r["columns"] is None for r in rows):
+        raise ApiError(400, "filter: the service's own webhook.* events carry no row to "
+                            "filter on")
+    named = set.intersection(*(set(r["columns"]) for r in rows)) if rows else set()
+    sent = None if any(not r["include_row"] for r in rows) else sorted(named)
+    try:
+        checked = filters.check(given, sent, sorted(named))
+    except filters.FilterError as exc:
+        raise ApiError(400, str(exc)) from None
+    path = filters.compile_path(checked)
+    return (Jsonb(checked), path) if path is not None else (None, None)
 
 
 def _scope(principal: Principal) -> dict[str, Any]:
@@ -165,9 +188,14 @@ async def create_webhook(
 ) -> Response[Subscription]:
     """Validates resource, events and target, verifies the target, stores the subscription."""
     body = parse_object(await request.body())
-    check_fields(body, CREATE_FIELDS, CREATE_FIELDS)
+    check_fields(body, CREATE_FIELDS + CREATE_OPTIONAL, CREATE_FIELDS)
     resource, text, target = (string_field(body, name) for name in CREATE_FIELDS)
+    ordering = body.get("ordering", "unordered")
+    if ordering not in ORDERINGS:
+        raise ApiError(400, f"field 'ordering' must be one of {', '.join(ORDERINGS)}, not "
+                            f"{shown(str(ordering))}")
     names = await _canonical_events(store, resource, text, settings.max_events_per_subscription)
+    filter_, path = await _filter(store, resource, names, body.get("filter"))
     try:
         # The whole check, not only each lookup, is bounded by the verify timeout.
         async with asyncio.timeout(settings.verify_timeout):
@@ -197,7 +225,8 @@ async def create_webhook(
         await s.run("api_owner_lock", _scope(principal))
         row = await s.one("api_subscription_insert", {
             **_scope(principal), "resource": resource, "events": names, "target": target,
-            "secret": box.seal(secret), "max": limit})
+            "secret": box.seal(secret), "max": limit, "filter": filter_, "filter_path": path,
+            "ordering": ordering})
     if row is None:
         raise _too_many(limit)
     await _settle(store, row["id"], settings)

@@ -15,6 +15,22 @@ SELECT e.event, e.public,
  WHERE e.resource = %(resource)s
  ORDER BY e.event
 
+-- name: api_event_columns --
+-- For each of a subscription's events, whether it sends a row and the columns it may
+-- send or name as changed (not excluded, within the allow-list), in table order; NULL
+-- columns for the service's own events, which come from no table (filters: SPEC 9).
+SELECT e.event, a.include_row,
+       CASE WHEN a.table_oid IS NOT NULL THEN
+           ARRAY(SELECT t.attname::text FROM pg_attribute t
+                  WHERE t.attrelid = a.table_oid AND t.attnum > 0 AND NOT t.attisdropped
+                    AND NOT t.attname = ANY (a.exclude_columns)
+                    AND (a.columns IS NULL OR t.attname = ANY (a.columns))
+                  ORDER BY t.attnum)
+       END AS columns
+  FROM webhooks.hook_events e
+  LEFT JOIN webhooks.attachments a ON a.table_oid = e.table_oid
+ WHERE e.resource = %(resource)s AND e.event = ANY (%(events)s::text[])
+
 -- name: api_own_noun --
 SELECT noun FROM webhooks.attachments WHERE resource = %(resource)s
 
@@ -45,8 +61,9 @@ SELECT count(*) FROM webhooks.subscriptions WHERE owner = %(owner)s
 -- in the same transaction.
 -- Returns the subscription as GET shows it (webhooks.subscription_json).
 INSERT INTO webhooks.subscriptions AS s (owner, tenant, resource, events, target, secret,
-                                         active, last_status)
-SELECT %(owner)s, %(tenant)s, %(resource)s, %(events)s, %(target)s, %(secret)s, true, 200
+                                         active, last_status, filter, filter_path, ordering)
+SELECT %(owner)s, %(tenant)s, %(resource)s, %(events)s, %(target)s, %(secret)s, true, 200,
+       %(filter)s::jsonb, %(filter_path)s::jsonpath, %(ordering)s
  WHERE (SELECT count(*) FROM webhooks.subscriptions WHERE owner = %(owner)s) < %(max)s
 RETURNING s.id, webhooks.subscription_json(s) AS doc
 
@@ -71,7 +88,7 @@ SELECT webhooks.subscription_json(s) AS doc
 
 -- name: api_subscription_lock --
 SELECT id, resource, events, target, active, last_status, last_success_at,
-       last_failure_at, last_failure_content
+       last_failure_at, last_failure_content, filter, ordering
   FROM webhooks.subscriptions
  WHERE id = %(id)s AND owner = %(owner)s
    AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)

@@ -106,7 +106,8 @@ async def api_for(db_url: str, **settings: Any) -> AsyncIterator[Api]:
 
 
 SUBSCRIPTION_FIELDS = {"id", "resource", "events", "target", "active", "last_status",
-                       "last_success_at", "last_failure_at", "last_failure_content"}
+                       "last_success_at", "last_failure_at", "last_failure_content",
+                       "filter", "ordering"}
 
 
 def assert_error(response: httpx.Response, status: int, fragment: str = "") -> str:

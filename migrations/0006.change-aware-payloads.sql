@@ -1,0 +1,796 @@
+-- 0006: change-aware payloads (event.changed on updates, `previous` with
+-- webhooks.attach(..., include_previous => true)), filters on subscriptions and the
+-- `ordering` field (SPEC sections 9 and 10).
+-- Frozen once released: change the schema with a new migration.
+
+ALTER TABLE webhooks.attachments ADD COLUMN include_previous boolean NOT NULL DEFAULT false;
+ALTER TABLE webhooks.outbox ADD COLUMN include_previous boolean NOT NULL DEFAULT false;
+ALTER TABLE webhooks.subscriptions
+    ADD COLUMN filter jsonb,
+    ADD COLUMN filter_path jsonpath,
+    ADD COLUMN ordering text NOT NULL DEFAULT 'unordered'
+        CHECK (ordering IN ('unordered', 'strict'));
+ALTER TABLE webhooks.subscription_events ADD COLUMN filter_path jsonpath;
+CREATE INDEX deliveries_pending_idx ON webhooks.deliveries (subscription_id, id)
+    WHERE status = 'pending';
+
+CREATE OR REPLACE FUNCTION webhooks.subscription_json(s webhooks.subscriptions) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT pg_catalog.json_build_object(
+        'id', s.id,
+        'resource', s.resource,
+        'events', pg_catalog.array_to_string(s.events, ','),
+        'target', s.target,
+        'active', s.active,
+        'last_status', s.last_status,
+        'last_success_at', pg_catalog.to_char(s.last_success_at AT TIME ZONE 'UTC',
+                                              'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'last_failure_at', pg_catalog.to_char(s.last_failure_at AT TIME ZONE 'UTC',
+                                              'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'last_failure_content', s.last_failure_content,
+        'filter', s.filter,
+        'ordering', s.ordering)::pg_catalog.text
+$$;
+
+-- What follows is sql/triggers/capture.sql and sql/fanout.sql as released with this
+-- migration, then the attached tables' capture functions written again.
+-- Change capture: webhooks.attach / webhooks.detach, the capture function each attached
+-- table gets, the subscription registry the capture probes, and the event triggers that
+-- keep attachments true to their tables.
+--
+-- Privilege model (README, "Privileges"): the capture functions run as SECURITY DEFINER so
+-- that application roles need no rights on the webhooks schema, which makes them the one
+-- place where a writer's statement runs with the service's rights. They therefore run no
+-- code that a table's owner or writer can define:
+--   * a row becomes JSON column by column, with the column list fixed when the function
+--     is generated. Columns of built-in types (through domains and arrays) go through
+--     json_build_object, which consults no casts for built-in types; any other type (an
+--     enum, a composite, a range or an extension type, which may carry a cast to json
+--     that its owner wrote) is sent as its text form, through its output function
+--     (format('%s')), which only a superuser can define;
+--   * every function, operator and type is schema-qualified (a per-call SET search_path
+--     costs about 65 us per statement on PostgreSQL 15), transition tables are read by
+--     their trigger names, and the table's columns only as c."name";
+--   * what a change is (resource, noun, tenant, columns) is generated from the table's row
+--     in webhooks.attachments, and the function checks that the firing table is that row's
+--     table: a trigger that some role puts on another table produces nothing. EXECUTE on
+--     every function of the schema is revoked from PUBLIC, so no other role can create such
+--     a trigger in the first place (EXECUTE is checked when a trigger is created, not
+--     when it fires).
+-- Every other function sets search_path = pg_catalog, pg_temp.
+
+-- The capture probe's lock: writers hold it (shared, per resource) from the probe to their
+-- commit, so that making a subscription active can wait for the writers whose probe ran
+-- before the subscription could be seen (webhooks.settle_subscription).
+CREATE OR REPLACE FUNCTION webhooks.probe_lock_class() RETURNS integer
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$ SELECT 2003331939 $$;  -- "whkc"
+
+
+-- Whether json_build_object turns values of this type into JSON without consulting a cast
+-- (PostgreSQL looks for a cast to json only for types that are not built in, after looking
+-- through domains and into arrays).
+CREATE OR REPLACE FUNCTION webhooks.json_safe_type(typ oid) RETURNS boolean
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    t record;
+BEGIN
+    LOOP
+        SELECT p.typtype, p.typbasetype, p.typelem, p.typcategory INTO t
+          FROM pg_type p WHERE p.oid = json_safe_type.typ;
+        IF NOT FOUND THEN
+            RETURN false;
+        ELSIF t.typtype = 'd' THEN
+            typ := t.typbasetype;
+        ELSIF t.typcategory = 'A' AND t.typelem <> 0 THEN
+            typ := t.typelem;
+        ELSE
+            RETURN typ < 16384;  -- FirstNormalObjectId: built into the server
+        END IF;
+    END LOOP;
+END
+$$;
+
+
+-- The SQL expression that turns column `name` of the row alias c into a JSON value
+-- (`as_text`: into text, for tenants and users), running no code its type's owner wrote.
+CREATE OR REPLACE FUNCTION webhooks.column_sql(table_name regclass, name text,
+                                               as_text boolean DEFAULT false) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_type oid;
+    v_ref text := 'c.' || quote_ident(column_sql.name);
+BEGIN
+    SELECT a.atttypid INTO v_type FROM pg_attribute a
+     WHERE a.attrelid = column_sql.table_name AND a.attname = column_sql.name
+       AND a.attnum > 0 AND NOT a.attisdropped;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'webhooks.attach: table % has no column %',
+            column_sql.table_name, quote_ident(column_sql.name) USING ERRCODE = 'undefined_column';
+    END IF;
+    IF NOT as_text AND webhooks.json_safe_type(v_type) THEN
+        RETURN v_ref;
+    END IF;
+    RETURN format('CASE WHEN %s IS NULL THEN NULL ELSE pg_catalog.format(''%%s'', %s) END',
+                  v_ref, v_ref);
+END
+$$;
+
+
+-- The JSON object of the columns that may leave the database, in table order.
+-- json_build_object takes at most 100 arguments, so wider rows are built in parts and
+-- joined as text.
+CREATE OR REPLACE FUNCTION webhooks.row_sql(a webhooks.attachments) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_parts text[] := '{}';
+    v_args text[] := '{}';
+    v_column name;
+BEGIN
+    FOR v_column IN
+        SELECT t.attname FROM pg_attribute t
+         WHERE t.attrelid = a.table_oid AND t.attnum > 0 AND NOT t.attisdropped
+           AND NOT t.attname = ANY (a.exclude_columns)
+           AND (a.columns IS NULL OR t.attname = ANY (a.columns))
+         ORDER BY t.attnum
+    LOOP
+        v_args := v_args || format('%L, %s', v_column, webhooks.column_sql(a.table_oid, v_column));
+        IF cardinality(v_args) = 50 THEN
+            v_parts := v_parts || format('pg_catalog.json_build_object(%s)',
+                                         array_to_string(v_args, ', '));
+            v_args := '{}';
+        END IF;
+    END LOOP;
+    IF cardinality(v_args) > 0 OR cardinality(v_parts) = 0 THEN
+        v_parts := v_parts || format('pg_catalog.json_build_object(%s)',
+                                     array_to_string(v_args, ', '));
+    END IF;
+    IF cardinality(v_parts) = 1 THEN
+        RETURN v_parts[1];
+    END IF;
+    -- '{' || the parts without their braces, joined by ', ' || '}', parsed back as json.
+    RETURN '(''{'' OPERATOR(pg_catalog.||) ' || (
+        SELECT string_agg(format('pg_catalog.left(pg_catalog.substr((%s)::pg_catalog.text, 2), -1)', p),
+                          ' OPERATOR(pg_catalog.||) '', '' OPERATOR(pg_catalog.||) ')
+          FROM unnest(v_parts) AS p)
+        || ' OPERATOR(pg_catalog.||) ''}'')::pg_catalog.json';
+END
+$$;
+
+
+-- The text of the capture function of one attachment (see the privilege model above).
+CREATE OR REPLACE FUNCTION webhooks.capture_source(a webhooks.attachments) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_element text;
+    v_update_element text;
+    v_parts text[];
+    v_body text;
+    v_tag text := 'capture';
+BEGIN
+    -- One element per changed row: [resource_id, parent_id, tenant, user, row].
+    v_parts := ARRAY[
+        webhooks.column_sql(a.table_oid, a.id_column),
+        CASE WHEN a.parent_column IS NULL THEN 'NULL'
+             ELSE webhooks.column_sql(a.table_oid, a.parent_column) END,
+        CASE WHEN a.tenant_column IS NULL THEN 'NULL'
+             ELSE webhooks.column_sql(a.table_oid, a.tenant_column, true) END,
+        CASE WHEN a.user_column IS NULL THEN 'NULL'
+             ELSE webhooks.column_sql(a.table_oid, a.user_column, true) END];
+    v_element := format('pg_catalog.json_build_array(%s, %s, %s, %s, %s)',
+                        v_parts[1], v_parts[2], v_parts[3], v_parts[4],
+                        CASE WHEN a.include_row THEN webhooks.row_sql(a) ELSE 'NULL' END);
+    -- An UPDATE's parts, as columns i, p, t, u, r: the row is always there, even when
+    -- include_row is false: fan-out names the columns that changed from it (and drops it
+    -- from the payload). Nothing here parses the JSON it builds (a json column's
+    -- \u0000 would fail the application's statement).
+    v_update_element := format('%s AS i, %s AS p, %s AS t, %s AS u, %s AS r',
+                               v_parts[1], v_parts[2], v_parts[3], v_parts[4],
+                               webhooks.row_sql(a));
+    v_body := format($src$
+-- Generated by webhooks.install_capture for attachment %1$s: do not edit; it is written
+-- again by webhooks.attach and whenever the table is altered.
+DECLARE
+    -- Held until commit; see webhooks.probe_lock_class.
+    v_lock pg_catalog.bool := pg_catalog.pg_try_advisory_xact_lock_shared(%2$s, %3$s);
+    v_name pg_catalog.text :=
+        CASE WHEN TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN %4$L
+             WHEN TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN %5$L
+             ELSE %6$L END;
+    v_rows pg_catalog.json;
+BEGIN
+    -- The probe: this table is the attachment's, and an active subscription wants the
+    -- event. Each statement here is one SPI call; when nobody wants it, this is the only one.
+    PERFORM 1 FROM webhooks.attachments a
+     WHERE a.id OPERATOR(pg_catalog.=) %1$s
+       AND a.table_oid OPERATOR(pg_catalog.=) TG_RELID
+       AND EXISTS (SELECT 1 FROM webhooks.wanted_events w
+                    WHERE w.resource OPERATOR(pg_catalog.=) %7$L
+                      AND w.event OPERATOR(pg_catalog.=) v_name
+                      AND w.subscriptions OPERATOR(pg_catalog.>) 0);
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
+        -- Only rows whose captured form really changed, each with the row as it was
+        -- (paired by the id's JSON text; null when the id itself changed):
+        -- [resource_id, parent_id, tenant, user, row, previous row]. Fan-out names the
+        -- changed columns from the two, off the write path.
+        SELECT pg_catalog.json_agg(pg_catalog.json_build_array(n.i, n.p, n.t, n.u, n.r, o.r))
+          INTO v_rows
+          FROM (SELECT x.*, (x.i)::pg_catalog.text AS k,
+                       pg_catalog.json_build_array(x.i, x.p, x.t, x.u, x.r)::pg_catalog.text
+                           AS e
+                  FROM (SELECT %13$s FROM changed_rows c OFFSET 0) x) n
+          LEFT JOIN (SELECT x.r, (x.i)::pg_catalog.text AS k,
+                            pg_catalog.json_build_array(x.i, x.p, x.t, x.u, x.r)::pg_catalog.text
+                                AS e
+                       FROM (SELECT %13$s FROM old_rows c OFFSET 0) x) o
+                 ON o.k OPERATOR(pg_catalog.=) n.k
+         WHERE o.e IS NULL OR NOT (o.e OPERATOR(pg_catalog.=) n.e);
+        IF v_rows IS NULL THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    -- changed_rows is NEW TABLE for INSERT and UPDATE, OLD TABLE for DELETE.
+    INSERT INTO webhooks.outbox (hook_resource, name, resource, parent_resource, include_row,
+                                 user_setting, role, occurred_at, rows, tenant_scoped, xid,
+                                 include_previous)
+    SELECT %7$L, v_name, %9$L, %10$L, %11$L,
+           pg_catalog.current_setting('webhooks.user_id', true), session_user,
+           pg_catalog.statement_timestamp(), x.rows, %12$L, pg_catalog.pg_current_xact_id(),
+           %15$L
+      FROM (SELECT coalesce(v_rows, (SELECT pg_catalog.json_agg(%8$s)
+                                        FROM changed_rows c)) AS rows) x
+     WHERE x.rows IS NOT NULL;  -- a statement that changed no row
+    -- Wake a worker only when one waits (webhooks.wakeups): commits that NOTIFY serialise
+    -- on a database-wide lock, so a busy system, whose workers poll the outbox anyway,
+    -- sends none. Postgres folds identical notifications of a transaction into one.
+    IF FOUND THEN
+        PERFORM pg_catalog.pg_notify('webhooks', '') FROM webhooks.wakeups LIMIT 1;
+    END IF;
+    RETURN NULL;
+END
+$src$,
+        a.id, webhooks.probe_lock_class(), hashtext(a.hook_resource), a.noun || '.create',
+        a.noun || '.update', a.noun || '.delete', a.hook_resource, v_element, a.resource,
+        a.parent_resource, a.include_row, a.tenant_column IS NOT NULL, v_update_element,
+        NULL, a.include_previous);
+    -- Column names and literals are quoted, but a dollar quote ends at its tag wherever
+    -- it appears: pick one the body does not contain.
+    WHILE position('$' || v_tag || '$' IN v_body) > 0 LOOP
+        v_tag := v_tag || '_';
+    END LOOP;
+    RETURN format('CREATE OR REPLACE FUNCTION webhooks.%I() RETURNS trigger '
+                  'LANGUAGE plpgsql SECURITY DEFINER AS $%s$%s$%s$',
+                  'capture_' || a.id, v_tag, v_body, v_tag);
+END
+$$;
+
+
+-- Checks that every column the attachment names exists, then (re)writes the table's
+-- capture function and makes sure its three triggers call it.
+CREATE OR REPLACE FUNCTION webhooks.install_capture(table_name regclass) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    a webhooks.attachments;
+    v_column text;
+    v_function text;
+BEGIN
+    SELECT * INTO a FROM webhooks.attachments x WHERE x.table_oid = install_capture.table_name;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    FOREACH v_column IN ARRAY
+        ARRAY[a.id_column, a.parent_column, a.user_column, a.tenant_column]
+        || a.exclude_columns || coalesce(a.columns, '{}')
+    LOOP
+        CONTINUE WHEN v_column IS NULL;
+        PERFORM 1 FROM pg_attribute t
+         WHERE t.attrelid = a.table_oid AND t.attname = v_column
+           AND t.attnum > 0 AND NOT t.attisdropped;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'webhooks: table % has no column % any more, and its attachment names it',
+                a.table_oid, quote_ident(v_column)
+                USING ERRCODE = 'undefined_column',
+                      HINT = 'Renaming or dropping a column that webhooks.attach names (id, '
+                             'parent, user, tenant, excluded or listed columns) is refused: '
+                             'run webhooks.attach again without it first, or webhooks.detach.';
+        END IF;
+    END LOOP;
+
+    v_function := 'capture_' || a.id;
+    EXECUTE webhooks.capture_source(a);
+    EXECUTE format('REVOKE ALL ON FUNCTION webhooks.%I() FROM PUBLIC', v_function);
+
+    IF (SELECT count(*) FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+         WHERE t.tgrelid = a.table_oid AND p.proname = v_function
+           AND p.pronamespace = 'webhooks'::regnamespace
+           AND t.tgname IN ('webhooks_1_insert', 'webhooks_2_update', 'webhooks_3_delete')) = 3
+    THEN
+        RETURN;
+    END IF;
+    PERFORM webhooks.drop_capture_triggers(a.table_oid);
+    EXECUTE format('CREATE TRIGGER webhooks_1_insert AFTER INSERT ON %s '
+                   'REFERENCING NEW TABLE AS changed_rows '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION webhooks.%I()', a.table_oid, v_function);
+    EXECUTE format('CREATE TRIGGER webhooks_2_update AFTER UPDATE ON %s '
+                   'REFERENCING OLD TABLE AS old_rows NEW TABLE AS changed_rows '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION webhooks.%I()', a.table_oid, v_function);
+    EXECUTE format('CREATE TRIGGER webhooks_3_delete AFTER DELETE ON %s '
+                   'REFERENCING OLD TABLE AS changed_rows '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION webhooks.%I()', a.table_oid, v_function);
+END
+$$;
+
+
+CREATE OR REPLACE FUNCTION webhooks.drop_capture_triggers(table_name regclass) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_trigger name;
+BEGIN
+    FOR v_trigger IN
+        SELECT t.tgname FROM pg_trigger t
+         WHERE t.tgrelid = drop_capture_triggers.table_name
+           AND t.tgname IN ('webhooks_1_insert', 'webhooks_2_update', 'webhooks_3_delete')
+    LOOP
+        EXECUTE format('DROP TRIGGER %I ON %s', v_trigger, drop_capture_triggers.table_name);
+    END LOOP;
+END
+$$;
+
+
+CREATE OR REPLACE FUNCTION webhooks.detach(table_name regclass) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    PERFORM webhooks.drop_capture_triggers(detach.table_name);
+    DELETE FROM webhooks.attachments a WHERE a.table_oid = detach.table_name
+    RETURNING a.id INTO v_id;
+    IF v_id IS NOT NULL THEN
+        EXECUTE format('DROP FUNCTION IF EXISTS webhooks.%I()', 'capture_' || v_id);
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION webhooks.detach(regclass) IS
+    'Stops capturing changes of the table and removes its events from the registry.';
+
+
+DROP FUNCTION IF EXISTS webhooks.attach(regclass, text, text, text, text, text, text, text,
+                                        text[], boolean, boolean);
+DROP FUNCTION IF EXISTS webhooks.attach(regclass, text, text, text, text, text, text, text,
+                                        text[], boolean, boolean, text[]);
+CREATE OR REPLACE FUNCTION webhooks.attach(
+    table_name      regclass,
+    resource        text,
+    noun            text,
+    parent_resource text DEFAULT NULL,
+    parent_column   text DEFAULT NULL,
+    id_column       text DEFAULT 'id',
+    user_column     text DEFAULT NULL,
+    tenant_column   text DEFAULT NULL,
+    exclude_columns text[] DEFAULT '{}',
+    include_row     boolean DEFAULT true,
+    public          boolean DEFAULT true,
+    columns         text[] DEFAULT NULL,
+    include_previous boolean DEFAULT false
+) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_hook_resource text := coalesce(attach.parent_resource, attach.resource);
+    v_kind "char";
+    v_column text;
+    v_other regclass;
+BEGIN
+    SELECT c.relkind INTO v_kind FROM pg_class c WHERE c.oid = attach.table_name;
+    IF v_kind NOT IN ('r', 'p') THEN
+        RAISE EXCEPTION 'webhooks.attach: % is not a table', attach.table_name
+            USING ERRCODE = 'wrong_object_type';
+    END IF;
+
+    IF attach.resource IS NULL OR attach.resource !~ '^[a-z0-9_]+$' THEN
+        RAISE EXCEPTION 'webhooks.attach: resource % must be lowercase letters, digits and underscores',
+            coalesce(quote_literal(attach.resource), 'NULL') USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF attach.noun IS NULL OR attach.noun !~ '^[a-z0-9_]+$' THEN
+        RAISE EXCEPTION 'webhooks.attach: noun % must be lowercase letters, digits and underscores',
+            coalesce(quote_literal(attach.noun), 'NULL') USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF attach.parent_resource IS NOT NULL AND attach.parent_resource !~ '^[a-z0-9_]+$' THEN
+        RAISE EXCEPTION 'webhooks.attach: parent_resource % must be lowercase letters, digits and underscores',
+            quote_literal(attach.parent_resource) USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (attach.parent_resource IS NULL) <> (attach.parent_column IS NULL) THEN
+        RAISE EXCEPTION 'webhooks.attach: parent_resource and parent_column go together: give both or neither'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF attach.id_column IS NULL THEN
+        RAISE EXCEPTION 'webhooks.attach: id_column must not be NULL'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF attach.include_row IS NULL OR attach.public IS NULL OR attach.include_previous IS NULL THEN
+        RAISE EXCEPTION 'webhooks.attach: include_row, public and include_previous must be true or false'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF array_position(attach.exclude_columns, NULL) IS NOT NULL
+       OR array_position(attach.columns, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'webhooks.attach: exclude_columns and columns must not contain NULL'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    FOREACH v_column IN ARRAY
+        ARRAY[attach.id_column, attach.parent_column, attach.user_column, attach.tenant_column]
+        || coalesce(attach.exclude_columns, '{}') || coalesce(attach.columns, '{}')
+    LOOP
+        CONTINUE WHEN v_column IS NULL;
+        PERFORM 1 FROM pg_attribute
+         WHERE attrelid = attach.table_name AND attname = v_column
+           AND attnum > 0 AND NOT attisdropped;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'webhooks.attach: table % has no column %',
+                attach.table_name, quote_ident(v_column) USING ERRCODE = 'undefined_column';
+        END IF;
+    END LOOP;
+
+    SELECT a.table_oid INTO v_other FROM webhooks.attachments a
+     WHERE a.resource = attach.resource AND a.table_oid <> attach.table_name;
+    IF FOUND THEN
+        RAISE EXCEPTION 'webhooks.attach: resource % is already attached to table %',
+            quote_literal(attach.resource), v_other USING ERRCODE = 'unique_violation';
+    END IF;
+
+    SELECT e.table_oid INTO v_other FROM webhooks.hook_events e
+     WHERE e.resource = v_hook_resource AND e.event LIKE attach.noun || '.%'
+       AND e.table_oid <> attach.table_name
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'webhooks.attach: events %.* under resource % already belong to table %',
+            attach.noun, quote_literal(v_hook_resource), v_other USING ERRCODE = 'unique_violation';
+    END IF;
+
+    -- Serialise concurrent attach/detach of the same table.
+    PERFORM pg_advisory_xact_lock(hashtext('webhooks.attach'), attach.table_name::oid::integer);
+
+    PERFORM webhooks.detach(attach.table_name);
+    INSERT INTO webhooks.attachments (table_oid, resource, noun, hook_resource, parent_resource,
+                                      parent_column, id_column, user_column, tenant_column,
+                                      exclude_columns, include_row, public, columns,
+                                      include_previous)
+    VALUES (attach.table_name, attach.resource, attach.noun, v_hook_resource,
+            attach.parent_resource, attach.parent_column, attach.id_column, attach.user_column,
+            attach.tenant_column, coalesce(attach.exclude_columns, '{}'), attach.include_row,
+            attach.public, attach.columns, attach.include_previous);
+    INSERT INTO webhooks.hook_events (resource, event, public, table_oid)
+    SELECT v_hook_resource, attach.noun || '.' || verb, attach.public, attach.table_name
+      FROM unnest(ARRAY['create', 'update', 'delete']) AS verb;
+
+    PERFORM webhooks.install_capture(attach.table_name);
+END
+$$;
+
+COMMENT ON FUNCTION webhooks.attach(regclass, text, text, text, text, text, text, text, text[],
+                                    boolean, boolean, text[], boolean) IS
+    'Captures INSERT, UPDATE and DELETE of the table as <noun>.create/.update/.delete events '
+    'and registers them under parent_resource, else resource. Idempotent.';
+
+
+-- Keeping attachments true to their tables. ALTER TABLE of an attached table rewrites its
+-- capture function (new columns are sent, unless `columns` limits them) and refuses to
+-- rename or drop a column the attachment names; DROP TABLE detaches.
+CREATE OR REPLACE FUNCTION webhooks.on_alter_table() RETURNS event_trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_table regclass;
+BEGIN
+    FOR v_table IN
+        SELECT DISTINCT a.table_oid
+          FROM pg_event_trigger_ddl_commands() c
+          JOIN webhooks.attachments a ON a.table_oid = c.objid
+         WHERE c.classid = 'pg_class'::regclass
+    LOOP
+        PERFORM webhooks.install_capture(v_table);
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION webhooks.on_drop() RETURNS event_trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    FOR v_id IN
+        DELETE FROM webhooks.attachments a
+         USING pg_event_trigger_dropped_objects() d
+         WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0
+           AND d.objid = a.table_oid::oid
+        RETURNING a.id
+    LOOP
+        EXECUTE format('DROP FUNCTION IF EXISTS webhooks.%I()', 'capture_' || v_id);
+    END LOOP;
+END
+$$;
+
+-- Event triggers need a superuser. Without them (a migration role that is not one), a
+-- renamed or dropped column of an attached table makes its writes fail until
+-- webhooks.attach is run again, and a dropped table leaves its attachment behind.
+DO $$
+BEGIN
+    IF NOT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+        RAISE WARNING 'webhooks: not a superuser, so no event triggers: after renaming or '
+                      'dropping a column of an attached table, run webhooks.attach again';
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger
+                    WHERE evtname = 'webhooks_alter_table') THEN
+        CREATE EVENT TRIGGER webhooks_alter_table ON ddl_command_end
+            WHEN TAG IN ('ALTER TABLE') EXECUTE FUNCTION webhooks.on_alter_table();
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger
+                    WHERE evtname = 'webhooks_drop') THEN
+        CREATE EVENT TRIGGER webhooks_drop ON sql_drop
+            WHEN TAG IN ('DROP TABLE', 'DROP SCHEMA', 'DROP OWNED')
+            EXECUTE FUNCTION webhooks.on_drop();
+    END IF;
+END
+$$;
+
+
+-- The registry of what active subscriptions want (webhooks.subscription_events, and its
+-- counts per event in webhooks.wanted_events), kept exact by every write to
+-- webhooks.subscriptions, whoever makes it (API, CLI or SQL).
+CREATE OR REPLACE FUNCTION webhooks.subscription_activated() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    NEW.active_since := pg_current_snapshot();
+    RETURN NEW;
+END
+$$;
+
+-- Statement-level, with transition tables: a statement that writes 100,000 subscriptions
+-- adjusts each count of webhooks.wanted_events once (row by row, every row of one
+-- transaction would add a version of the same count row, and each would walk them all).
+-- `gone` holds the rows as they were (UPDATE, DELETE), `came` as they are (INSERT, UPDATE).
+CREATE OR REPLACE FUNCTION webhooks.subscription_registry() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_changed bigint[];
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        -- Most updates (the worker's last_* fields) change nothing the registry holds.
+        SELECT array_agg(o.id) INTO v_changed
+          FROM gone o JOIN came n ON n.id = o.id
+         WHERE (o.active, o.events, o.resource, o.tenant, o.active_since::text)
+               IS DISTINCT FROM (n.active, n.events, n.resource, n.tenant, n.active_since::text);
+        IF v_changed IS NULL THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        WITH unwanted AS (
+            SELECT o.id, e.event, o.resource
+              FROM gone o
+             CROSS JOIN LATERAL (SELECT DISTINCT x AS event FROM unnest(o.events) AS x) e
+             WHERE o.active AND (v_changed IS NULL OR o.id = ANY (v_changed))
+        ), removed AS (
+            DELETE FROM webhooks.subscription_events s USING unwanted u
+             WHERE s.subscription_id = u.id AND s.event = u.event
+        )
+        UPDATE webhooks.wanted_events w SET subscriptions = w.subscriptions - c.n
+          FROM (SELECT u.resource, u.event, count(*) AS n FROM unwanted u
+                 GROUP BY u.resource, u.event) c
+         WHERE w.resource = c.resource AND w.event = c.event;
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        WITH wants AS (
+            SELECT n.id, e.event, n.resource, n.tenant, n.active_since, n.filter_path
+              FROM came n
+             CROSS JOIN LATERAL (SELECT DISTINCT x AS event FROM unnest(n.events) AS x) e
+             WHERE n.active AND (v_changed IS NULL OR n.id = ANY (v_changed))
+        ), added AS (
+            INSERT INTO webhooks.subscription_events (subscription_id, event, resource,
+                                                      tenant, active_since, filter_path)
+            SELECT w2.id, w2.event, w2.resource, w2.tenant, w2.active_since, w2.filter_path
+              FROM wants w2
+        )
+        INSERT INTO webhooks.wanted_events AS w (resource, event, subscriptions)
+        SELECT w2.resource, w2.event, count(*) FROM wants w2 GROUP BY w2.resource, w2.event
+            ON CONFLICT (resource, event) DO UPDATE
+           SET subscriptions = w.subscriptions + excluded.subscriptions;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS subscriptions_1_activated ON webhooks.subscriptions;
+CREATE TRIGGER subscriptions_1_activated BEFORE UPDATE ON webhooks.subscriptions
+    FOR EACH ROW WHEN (NEW.active AND NOT OLD.active)
+    EXECUTE FUNCTION webhooks.subscription_activated();
+DROP TRIGGER IF EXISTS subscriptions_2_registry_insert ON webhooks.subscriptions;
+CREATE TRIGGER subscriptions_2_registry_insert AFTER INSERT ON webhooks.subscriptions
+    REFERENCING NEW TABLE AS came
+    FOR EACH STATEMENT EXECUTE FUNCTION webhooks.subscription_registry();
+DROP TRIGGER IF EXISTS subscriptions_3_registry_update ON webhooks.subscriptions;
+CREATE TRIGGER subscriptions_3_registry_update AFTER UPDATE ON webhooks.subscriptions
+    REFERENCING OLD TABLE AS gone NEW TABLE AS came
+    FOR EACH STATEMENT EXECUTE FUNCTION webhooks.subscription_registry();
+DROP TRIGGER IF EXISTS subscriptions_4_registry_delete ON webhooks.subscriptions;
+CREATE TRIGGER subscriptions_4_registry_delete AFTER DELETE ON webhooks.subscriptions
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT EXECUTE FUNCTION webhooks.subscription_registry();
+
+
+-- Makes a subscription that was just made active exact: waits (up to `timeout`) until
+-- every transaction whose capture probe may have run before the subscription could be
+-- seen has ended, then moves its start to now. Changes of those transactions count as
+-- before the subscription; every later change is captured for it. The API calls this
+-- after creating or re-activating a subscription; true when no such writer was left.
+CREATE OR REPLACE FUNCTION webhooks.settle_subscription(subscription_id bigint,
+                                                        timeout interval DEFAULT '5s')
+RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_resource text;
+    v_waiting text[];
+    v_deadline timestamptz := clock_timestamp() + settle_subscription.timeout;
+BEGIN
+    SELECT s.resource INTO v_resource FROM webhooks.subscriptions s
+     WHERE s.id = settle_subscription.subscription_id AND s.active;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    LOOP
+        SELECT array_agg(l.virtualtransaction) INTO v_waiting
+          FROM pg_locks l
+         WHERE l.locktype = 'advisory' AND l.granted AND l.pid <> pg_backend_pid()
+           AND l.database = (SELECT d.oid FROM pg_database d
+                              WHERE d.datname = current_database())
+           AND l.classid = webhooks.probe_lock_class()::oid
+           AND l.objid = hashtext(v_resource)::oid AND l.objsubid = 2
+           AND (v_waiting IS NULL OR l.virtualtransaction = ANY (v_waiting));
+        EXIT WHEN v_waiting IS NULL OR clock_timestamp() >= v_deadline;
+        PERFORM pg_sleep(0.005);
+    END LOOP;
+    UPDATE webhooks.subscriptions s SET active_since = pg_current_snapshot()
+     WHERE s.id = settle_subscription.subscription_id AND s.active;
+    RETURN v_waiting IS NULL;
+END
+$$;
+
+
+-- No function of the schema is anyone's to call but its owner's and the roles it grants.
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA webhooks FROM PUBLIC;
+ALTER DEFAULT PRIVILEGES IN SCHEMA webhooks REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
+-- Fan-out's side of the outbox: how a captured statement's JSON array becomes one change
+-- per row. The worker's fan-out statement (sql/queries/fanout.sql) reads outbox rows
+-- through webhooks.changes; webhooks.outbox_changes shows what waits, one change a row.
+-- Installed by the migrations after sql/schema.sql and sql/triggers/capture.sql.
+
+-- Why a JSON value cannot become JSONB, or NULL when it can.
+CREATE OR REPLACE FUNCTION webhooks.jsonb_problem(value json) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_detail text;
+BEGIN
+    PERFORM value::jsonb;
+    RETURN NULL;
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
+    RETURN SQLERRM || coalesce(': ' || nullif(v_detail, ''), '');
+END
+$$;
+
+
+-- The changes of one outbox row, one row each, as they are delivered: the row as JSONB
+-- (NULL when the table is attached with include_row false), its id, parent id, tenant and
+-- user_id (the transaction's webhooks.user_id unless empty, else the user column, else
+-- the role). For an UPDATE, `changed` names the columns whose values changed, in table
+-- order (every sent column when the row's id changed, so no previous row was paired), and
+-- `previous` is the row as it was when the table is attached with include_previous; the
+-- filter row (`filter_row`) is the row as sent, '{}' when none is. With `careful`, a
+-- change whose JSON PostgreSQL cannot take as JSONB (a \u0000 in a json column, say)
+-- comes with the reason in `problem` and no values (even json's -> parses, and fails on,
+-- the whole element), instead of failing the statement, and `raw` holds it as captured;
+-- fan-out sets it aside.
+DROP VIEW IF EXISTS webhooks.outbox_changes;
+DROP FUNCTION IF EXISTS webhooks.changes(webhooks.outbox, boolean);
+CREATE FUNCTION webhooks.changes(o webhooks.outbox, careful boolean DEFAULT false)
+RETURNS TABLE (n bigint, resource_id jsonb, parent_id jsonb, user_id text,
+               tenant_scoped boolean, tenant text, row_data jsonb, problem text, raw json,
+               changed text[], previous jsonb, filter_row jsonb)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT e.n,
+           CASE WHEN p.problem IS NULL THEN (e.j -> 0)::jsonb END,
+           CASE WHEN p.problem IS NULL AND o.parent_resource IS NOT NULL
+                THEN (e.j -> 1)::jsonb END,
+           coalesce(nullif(o.user_setting, ''),
+                    CASE WHEN p.problem IS NULL THEN e.j ->> 3 END, o.role),
+           o.tenant_scoped,
+           CASE WHEN p.problem IS NULL THEN e.j ->> 2 END,
+           CASE WHEN p.problem IS NULL AND o.include_row THEN (e.j -> 4)::jsonb END,
+           p.problem,
+           CASE WHEN p.problem IS NOT NULL THEN e.j END,
+           CASE WHEN p.problem IS NULL AND json_array_length(e.j) > 5 THEN
+               (SELECT coalesce(array_agg(c.key ORDER BY c.ord), '{}')
+                  FROM json_each(e.j -> 4) WITH ORDINALITY AS c (key, value, ord)
+                 WHERE json_typeof(e.j -> 5) IS DISTINCT FROM 'object'
+                    OR (e.j -> 5 -> c.key)::text IS DISTINCT FROM c.value::text)
+           END,
+           CASE WHEN p.problem IS NULL AND o.include_previous AND json_array_length(e.j) > 5
+                     AND json_typeof(e.j -> 5) = 'object'
+                THEN (e.j -> 5)::jsonb END,
+           CASE WHEN p.problem IS NULL AND o.include_row THEN (e.j -> 4)::jsonb
+                ELSE '{}'::jsonb END
+      FROM json_array_elements(o.rows) WITH ORDINALITY AS e (j, n)
+     CROSS JOIN LATERAL (SELECT CASE WHEN careful THEN webhooks.jsonb_problem(e.j) END
+                                AS problem) p
+$$;
+
+
+-- What is waiting for fan-out, one change a row, in capture order.
+CREATE VIEW webhooks.outbox_changes AS
+SELECT o.id AS outbox_id, c.n, o.hook_resource, o.name, o.resource, c.resource_id,
+       o.parent_resource, c.parent_id, c.user_id, c.tenant_scoped, c.tenant, o.occurred_at,
+       c.row_data, c.changed, c.previous
+  FROM webhooks.outbox o
+ CROSS JOIN LATERAL webhooks.changes(o) c;
+
+-- Whether a change passes a subscription's filter (SPEC section 9): `filter_path` is the
+-- filter compiled by the API (service/filters.py) to a strict SQL/JSON path predicate on
+-- the row as sent, with $changed (the changed columns, [] unless an update) and $update.
+-- NULL passes everything; an error (a column that is not there any more) passes nothing.
+-- Every name is qualified and nothing is SET, so fan-out's statement inlines it.
+CREATE OR REPLACE FUNCTION webhooks.filter_passes(filter_path jsonpath, row_data jsonb,
+                                                  changed text[])
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT filter_path IS NULL
+        OR coalesce(pg_catalog.jsonb_path_exists(
+               coalesce(row_data, '{}'::pg_catalog.jsonb), filter_path,
+               pg_catalog.jsonb_build_object(
+                   'changed', coalesce(pg_catalog.to_jsonb(changed), '[]'::pg_catalog.jsonb),
+                   'update', changed IS NOT NULL),
+               true), false)
+$$;
+
+-- The delivery body of an event (SPEC section 5; `parent` goes inside `event`), built
+-- once per event when it is queued: fan-out, the operational events and test events all
+-- use it. `members` holds what follows the envelope (`resource`, or `resource_omitted`,
+-- and `previous`); `changed` (an update's changed columns) goes inside `event`;
+-- || adds optional members only when present (jsonb_strip_nulls would also drop a row's
+-- own null columns). Every name is qualified and nothing is SET, so fan-out's statement
+-- inlines it.
+DROP FUNCTION IF EXISTS webhooks.event_body(bigint, text, text, jsonb, text, timestamptz,
+                                            jsonb, jsonb);
+CREATE FUNCTION webhooks.event_body(
+    event_id bigint, name text, resource text, resource_id jsonb, user_id text,
+    occurred_at timestamptz, parent jsonb DEFAULT NULL, members jsonb DEFAULT '{}',
+    changed jsonb DEFAULT NULL
+) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT (pg_catalog.jsonb_build_object(
+                'event', pg_catalog.jsonb_build_object(
+                    'id', event_id,
+                    'name', name,
+                    'resource', resource,
+                    'resource_id', resource_id,
+                    'user_id', user_id,
+                    'occurred_at', pg_catalog.to_char(occurred_at AT TIME ZONE 'UTC',
+                                                      'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+                OPERATOR(pg_catalog.||) CASE WHEN parent IS NULL THEN '{}'::pg_catalog.jsonb
+                                             ELSE pg_catalog.jsonb_build_object('parent', parent)
+                                        END
+                OPERATOR(pg_catalog.||) CASE WHEN changed IS NULL THEN '{}'::pg_catalog.jsonb
+                                             ELSE pg_catalog.jsonb_build_object('changed', changed)
+                                        END)
+            OPERATOR(pg_catalog.||) members)::pg_catalog.text
+$$;
+
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA webhooks FROM PUBLIC;
+
+-- Every attached table's capture function, written again from the new template.
+DO $$
+BEGIN
+    PERFORM webhooks.install_capture(a.table_oid) FROM webhooks.attachments a;
+END
+$$;
