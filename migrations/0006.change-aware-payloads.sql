@@ -11,6 +11,9 @@ ALTER TABLE webhooks.subscriptions
     ADD COLUMN ordering text NOT NULL DEFAULT 'unordered'
         CHECK (ordering IN ('unordered', 'strict'));
 ALTER TABLE webhooks.subscription_events ADD COLUMN filter_path jsonpath;
+-- The strict subscriptions, whose first pending delivery each claim looks up.
+CREATE INDEX subscriptions_strict_idx ON webhooks.subscriptions (id)
+    WHERE ordering = 'strict';
 CREATE INDEX deliveries_pending_idx ON webhooks.deliveries (subscription_id, id)
     WHERE status = 'pending';
 

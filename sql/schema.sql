@@ -87,6 +87,9 @@ CREATE TABLE webhooks.subscriptions (
                                 CHECK (ordering IN ('unordered', 'strict'))
 );
 CREATE INDEX subscriptions_owner_idx ON webhooks.subscriptions (owner, id);
+-- The strict subscriptions, whose first pending delivery each claim looks up.
+CREATE INDEX subscriptions_strict_idx ON webhooks.subscriptions (id)
+    WHERE ordering = 'strict';
 -- What webhooks.lifecycle() looks for every few seconds: partial indexes, empty while every
 -- target is healthy.
 CREATE INDEX subscriptions_failing_idx ON webhooks.subscriptions (failing_since)

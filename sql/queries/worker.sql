@@ -17,6 +17,17 @@ WITH busy AS (
 ), busy_owners AS (
     SELECT owner, n
       FROM unnest(%(owner_names)s::text[], %(owner_counts)s::int[]) AS b (owner, n)
+), strict_heads AS MATERIALIZED (
+    -- A strict subscription (SPEC section 10) sends only its first pending delivery, in
+    -- id order, which is event order: while one is in flight it is that first one
+    -- (leased, not due), and a failing one holds the later ones until it succeeds or
+    -- fails for good, across every worker. One index probe per strict subscription
+    -- (subscriptions_strict_idx), then a hash the scan below checks each row against.
+    SELECT (SELECT p.id FROM webhooks.deliveries p
+             WHERE p.subscription_id = s.id AND p.status = 'pending'
+             ORDER BY p.id LIMIT 1) AS id
+      FROM webhooks.subscriptions s
+     WHERE s.ordering = 'strict'
 ), candidates AS (
     SELECT d.id, d.created_at, d.subscription_id, s.owner, d.next_attempt_at
       FROM webhooks.deliveries d
@@ -25,6 +36,7 @@ WITH busy AS (
        AND d.next_attempt_at <= now()
        AND d.subscription_id <> ALL (%(saturated)s::bigint[])
        AND s.owner <> ALL (%(saturated_owners)s::text[])
+       AND (s.ordering = 'unordered' OR d.id IN (SELECT h.id FROM strict_heads h))
      ORDER BY d.next_attempt_at, d.id
      LIMIT %(scan)s
        FOR UPDATE OF d SKIP LOCKED
