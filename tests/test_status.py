@@ -50,7 +50,10 @@ def test_status_figures(conn: psycopg.Connection) -> None:
     assert set(tables) == {"invoices", "payments"}
     assert tables["payments"]["hook_resource"] == "invoices"
     assert tables["invoices"]["subscriptions"] == 1 and tables["payments"]["subscriptions"] == 1
-    assert data["subscriptions"] == {"active": 2, "inactive": 1, "failing": 1}
+    assert data["subscriptions"] == {"active": 2, "inactive": 1, "failing": 1, "filtered": 0,
+                                     "strict": 0}
+    assert {p["parent"]: p["partitions"] for p in data["partitions"]} == {
+        "attempts": 3, "deliveries": 3, "events": 3}
     deliveries = data["deliveries"]
     assert (deliveries["pending"], deliveries["due"], deliveries["retrying"],
             deliveries["failed"]) == (2, 1, 1, 1)
@@ -60,7 +63,8 @@ def test_status_figures(conn: psycopg.Connection) -> None:
     assert data["failing"][0]["target"] == "http://a.example/"
     assert data["outbox"]["events"] == 1
     text = render(data)
-    assert "2 active, 1 inactive, 1 failing now" in text
+    assert "2 active, 1 inactive, 1 failing now; 0 with a filter, 0 strict" in text
+    assert "Partitions      attempts 3 (from " in text
     assert "1 due, 2 pending (1 retrying), 1 failed for good" in text
     assert "payment.create/update/delete under invoices" in text
     assert "Outbox backlog  1 changes in 1 statements" in text

@@ -25,6 +25,7 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
     return {
         "attachments": rows("status_attachments"),
         "subscriptions": one("status_subscriptions"),
+        "partitions": rows("status_partitions"),
         "deliveries": one("status_deliveries"),
         "last_hour": one("status_attempts"),
         "failing": rows("status_failing"),
@@ -58,7 +59,8 @@ def render(data: dict[str, Any]) -> str:
     for a in data["attachments"]:
         nested = f" under {a['hook_resource']}" if a["hook_resource"] != a["resource"] else ""
         flags = [f for f, on in (("no row", not a["include_row"]), ("private", not a["public"]),
-                                 (f"tenant={a['tenant_column']}", a["tenant_column"])) if on]
+                                 (f"tenant={a['tenant_column']}", a["tenant_column"]),
+                                 ("previous", a["include_previous"])) if on]
         out.append(f"  {a['table']:<24} {a['noun']}.create/update/delete{nested}"
                    f"  ({a['subscriptions']} active subscriptions"
                    f"{', ' + ', '.join(flags) if flags else ''})")
@@ -66,7 +68,7 @@ def render(data: dict[str, Any]) -> str:
     out += [
         "",
         f"Subscriptions   {s['active']} active, {s['inactive']} inactive, "
-        f"{s['failing']} failing now",
+        f"{s['failing']} failing now; {s['filtered']} with a filter, {s['strict']} strict",
         f"Deliveries      {d['due']} due, {d['pending']} pending ({d['retrying']} retrying), "
         f"{d['failed']} failed for good",
         f"Oldest pending  {_age(d['oldest_pending_seconds'])}",
@@ -74,6 +76,11 @@ def render(data: dict[str, Any]) -> str:
         f"Outbox backlog  {o['events']} changes in {o['statements']} statements, "
         f"oldest {_age(o['oldest_seconds'])}",
     ]
+    parts = data.get("partitions")
+    if parts:
+        out.append("Partitions      " + ", ".join(
+            f"{p['parent']} {p['partitions']} (from {p['oldest'][:10]}, made until "
+            f"{p['ahead_until'][:10]})" for p in parts))
     if data["failing"]:
         out += ["", "Failing most (last hour)"]
         for f in data["failing"]:

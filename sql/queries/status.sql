@@ -2,7 +2,7 @@
 
 -- name: status_attachments --
 SELECT a.table_oid::text AS "table", a.resource, a.hook_resource, a.noun,
-       a.include_row, a.public, a.tenant_column,
+       a.include_row, a.public, a.tenant_column, a.include_previous,
        (SELECT count(*) FROM webhooks.subscriptions s
          WHERE s.active AND s.resource = a.hook_resource
            AND s.events && ARRAY[a.noun || '.create', a.noun || '.update',
@@ -15,8 +15,19 @@ SELECT count(*) FILTER (WHERE active) AS active,
        count(*) FILTER (WHERE NOT active) AS inactive,
        count(*) FILTER (WHERE active AND last_failure_at IS NOT NULL
                         AND (last_success_at IS NULL OR last_failure_at > last_success_at))
-           AS failing
+           AS failing,
+       count(*) FILTER (WHERE active AND filter IS NOT NULL) AS filtered,
+       count(*) FILTER (WHERE active AND ordering = 'strict') AS strict
   FROM webhooks.subscriptions
+
+-- name: status_partitions --
+-- The queue tables' daily partitions (sql/partitions.sql): how many, the oldest day kept
+-- and how far ahead they are made.
+SELECT parent, count(*) AS partitions,
+       min(lower_bound)::text AS oldest, max(upper_bound)::text AS ahead_until
+  FROM webhooks.queue_partitions
+ GROUP BY parent
+ ORDER BY parent
 
 -- name: status_deliveries --
 SELECT count(*) FILTER (WHERE status = 'pending') AS pending,
