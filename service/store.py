@@ -137,6 +137,22 @@ class Store:
         async with self.session() as s:
             return await s.run(name, params)
 
+    async def pipelined(self, first: tuple[str, Params, AsyncRowFactory[Any]],
+                        second: tuple[str, Params, AsyncRowFactory[Any]]
+                        ) -> tuple[list[Any], list[Any]]:
+        """Every row of two named queries sent together: one round trip and one
+        transaction, so the second sees what the first wrote. An error in either raises,
+        and neither is committed."""
+        with translated():
+            async with self.pool.connection() as conn, conn.pipeline() as pipe:
+                cursors = []
+                for name, params, row in (first, second):
+                    cur = conn.cursor(row_factory=row)
+                    await cur.execute(query(name), params)
+                    cursors.append(cur)
+                await pipe.sync()
+                return await cursors[0].fetchall(), await cursors[1].fetchall()
+
 
 def run_sync(conn: psycopg.Connection[Any], name: str, params: Params = None, *,
              row: RowFactory[Any] = tuple_row) -> list[Any]:

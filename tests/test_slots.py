@@ -187,6 +187,10 @@ def test_a_lone_fast_owner_borrows_beyond_its_share_but_not_while_another_has_wo
     s.answered(1, 200, duration_ms=2.0, owner="alice")
     assert s.owner_cap("alice") == 6
     assert s.claim_busy_owners() == {"alice": 1 + 4 - 6}
+    s.handed_over(first)
+    s.free(first)
+    assert s.claim_busy_owners() == {"alice": 4 - 6}  # nothing in flight: still alone
+    s.take(first, 10.0)
     s.take(claim(2, "bob"), 10.1)
     assert s.owner_cap("alice") == 4  # someone else has work: back to the share
     for c, _ in list(s.inflight.values()):

@@ -96,8 +96,25 @@ async def claim(store: Store, *, limit: int, per_target: int,
     (None: no cap). Deliveries of inactive subscriptions are closed as failed and not
     returned.
     """
+    rows = await store.all("claim", claim_params(
+        limit=limit, per_target=per_target, busy=busy, lease=lease, scan=scan,
+        degraded=degraded, per_owner=per_owner, busy_owners=busy_owners),
+        row=class_row(Claim))
+    return in_start_order(rows)
+
+
+def in_start_order(rows: Sequence[Claim]) -> list[Claim]:
+    """The active claims of a claim query's rows, in the order their attempts start."""
+    # RETURNING has no order: attempts of one subscription start in event order.
+    return sorted((c for c in rows if c.active), key=lambda c: (c.due, c.id))
+
+
+def claim_params(*, limit: int, per_target: int, busy: Mapping[int, int], lease: float,
+                 scan: int, degraded: Collection[int] = (), per_owner: int | None = None,
+                 busy_owners: Mapping[str, int] | None = None) -> dict[str, object]:
+    """The parameters of the claim query (see claim())."""
     owners = busy_owners or {}
-    params = {
+    return {
         "limit": limit,
         "scan": max(scan, limit),
         "per_target": per_target,
@@ -111,9 +128,6 @@ async def claim(store: Store, *, limit: int, per_target: int,
         "owner_counts": list(owners.values()),
         "saturated_owners": saturated_owners(owners, per_owner),
     }
-    rows = await store.all("claim", params, row=class_row(Claim))
-    # RETURNING has no order: attempts of one subscription start in event order.
-    return sorted((c for c in rows if c.active), key=lambda c: (c.due, c.id))
 
 
 @lru_cache(maxsize=4096)

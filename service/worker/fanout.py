@@ -29,10 +29,16 @@ class FanoutBatch:
 DEFAULT_MAX_ROW_BYTES = 256 * 1024
 
 
+def fanout_params(limit: int, max_row_bytes: int, careful: bool = False
+                  ) -> dict[str, object]:
+    """The parameters of the fanout query."""
+    return {"lock_key": FANOUT_LOCK, "limit": limit, "max_row_bytes": max_row_bytes,
+            "careful": careful}
+
+
 async def _fan_out(store: Store, limit: int, max_row_bytes: int,
                    careful: bool) -> FanoutBatch:
-    row = await store.one("fanout", {"lock_key": FANOUT_LOCK, "limit": limit,
-                                     "max_row_bytes": max_row_bytes, "careful": careful},
+    row = await store.one("fanout", fanout_params(limit, max_row_bytes, careful),
                           row=class_row(FanoutBatch))
     assert row is not None
     return row

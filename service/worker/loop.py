@@ -20,15 +20,16 @@ import socket
 from collections.abc import AsyncIterator
 
 import aiohttp
+from psycopg.rows import class_row
 from psycopg_pool import AsyncConnectionPool
 
 from service.config import Settings
 from service.http import make_session
-from service.store import Store, StoreError, make_pool
+from service.store import Store, StoreError, StoreRejected, make_pool
 from service.worker import delivery
 from service.worker.attempts import Attempts
-from service.worker.delivery import Outcome
-from service.worker.fanout import drain_outbox
+from service.worker.delivery import Claim, Outcome
+from service.worker.fanout import FanoutBatch, drain_outbox, fanout_params
 from service.worker.lifecycle import interval as lifecycle_interval
 from service.worker.lifecycle import run_round as lifecycle_round
 from service.worker.listener import Listener
@@ -178,6 +179,9 @@ class Worker:
         """Fans out if due, claims what the slots allow; returns how long to wait."""
         loop = asyncio.get_running_loop()
         if self.wakeup.fanout_due(loop.time()):
+            wait = await self._fan_out_and_claim()
+            if wait is not None:
+                return wait
             await self._fan_out()
             # Whatever made the outbox due (a commit, an API action's NOTIFY, the poll
             # interval) may have made deliveries due too.
@@ -196,13 +200,22 @@ class Worker:
             # Finishing attempts wake us; then claim.
             self._claim_due = True
             return self.settings.poll_interval
-        # The adaptive caps go in as shifted counts (slots.py): one query shape for all.
         self.stats.claim_queries += 1
-        claims = await delivery.claim(
-            self.store, limit=wanted, per_target=self.slots.initial,
-            busy=self.slots.claim_busy(), lease=self.settings.lease,
-            scan=self.settings.batch_size, degraded=self.slots.degraded,
-            per_owner=self.slots.per_owner, busy_owners=self.slots.claim_busy_owners())
+        rows = await self.store.all("claim", self._claim_params(wanted), row=class_row(Claim))
+        return await self._start(delivery.in_start_order(rows), wanted, now, until_fanout)
+
+    def _claim_params(self, wanted: int) -> dict[str, object]:
+        # The adaptive caps go in as shifted counts (slots.py): one query shape for all.
+        return delivery.claim_params(
+            limit=wanted, per_target=self.slots.initial, busy=self.slots.claim_busy(),
+            lease=self.settings.lease, scan=self.settings.batch_size,
+            degraded=self.slots.degraded, per_owner=self.slots.per_owner,
+            busy_owners=self.slots.claim_busy_owners())
+
+    async def _start(self, claims: list[Claim], wanted: int, now: float,
+                     until_fanout: float) -> float:
+        """Starts the attempts of a claim that asked for `wanted`; returns how long to wait
+        (asking when the next delivery is due when the claim found nothing)."""
         for c in claims:
             self._attempts.start(c)
         if len(claims) >= wanted:
@@ -226,6 +239,39 @@ class Worker:
         self._due_at = now + max(due, MIN_WAIT) if due is not None else float("inf")
         return min(self._due_at - now, until_fanout)
 
+    async def _fan_out_and_claim(self) -> float | None:
+        """One fan-out batch and the claim of what is due, in one round trip and one
+        transaction: the deliveries a commit made go straight to the claim. Returns how
+        long to wait, or None when this does not apply (no free slot, or the batch failed
+        on its data: then _fan_out's careful path runs and the claim follows it)."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        self.slots.mark_slow(now)
+        wanted = self.slots.wanted()
+        if wanted == 0:
+            return None
+        self.stats.claim_queries += 1
+        try:
+            batches, rows = await self.store.pipelined(
+                ("fanout", fanout_params(self.settings.batch_size, self.settings.max_row_bytes),
+                 class_row(FanoutBatch)),
+                ("claim", self._claim_params(wanted), class_row(Claim)))
+        except StoreRejected as exc:
+            if exc.data_error:
+                return None
+            self.wakeup.fanout_failed()
+            raise
+        except BaseException:
+            self.wakeup.fanout_failed()
+            raise
+        (batch,) = batches
+        await self._fanned_out(batch.taken, batch.changes, batch.created, batch.locked)
+        if batch.locked and batch.taken >= self.settings.batch_size:
+            self.wakeup.notified()  # a backlog: the next step takes the next batch
+        now = loop.time()
+        until_fanout = max(self.wakeup.until_fanout(now), MIN_WAIT)
+        return await self._start(delivery.in_start_order(rows), wanted, now, until_fanout)
+
     async def _fan_out(self) -> None:
         try:
             drained = await drain_outbox(self.store, self.settings.batch_size,
@@ -233,11 +279,16 @@ class Worker:
         except BaseException:
             self.wakeup.fanout_failed()
             raise
-        self.stats.fanned_out += drained.created
-        self.metrics.fanned_out.inc(drained.changes)
-        if drained.locked:
+        await self._fanned_out(drained.taken, drained.changes, drained.created,
+                               drained.locked)
+
+    async def _fanned_out(self, taken: int, changes: int, created: int, locked: bool) -> None:
+        """Counts what a fan-out did and arms or disarms the wakeup as it asks."""
+        self.stats.fanned_out += created
+        self.metrics.fanned_out.inc(changes)
+        if locked:
             now = asyncio.get_running_loop().time()
-            if await self.wakeup.after_fanout(self.store, drained.taken, now) is Step.DISARM:
+            if await self.wakeup.after_fanout(self.store, taken, now) is Step.DISARM:
                 self.stats.disarmed += 1
 
     async def _wait(self, timeout: float) -> None:

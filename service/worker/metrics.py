@@ -39,7 +39,8 @@ class WorkerStats:
     released: int = 0
     db_errors: int = 0
     disarmed: int = 0  # times a backlog made the worker stop asking for NOTIFY
-    claim_queries: int = 0  # claim and next_due statements run: round trips of the loop
+    # The loop's statements (fan-out, claim, next_due); a pipelined pair counts once.
+    round_trips: int = 0
 
 
 class WorkerMetrics:

@@ -10,8 +10,9 @@ degraded subscription (its target did not answer, or answered 429 or 5xx, or an 
 of it has been in flight too long) holds one slot until it succeeds again.
 
 No owner holds more than `per_owner` slots while another owner has work in flight (or had
-recently); an owner alone, whose targets answer fast, may borrow beyond it up to all but a
-reserve of a quarter of the slots, which stays free for the next owner that comes, so
+recently); an owner alone, whose targets answered fast with no trouble since (no failure,
+no attempt in flight too long), may borrow beyond it up to all but a reserve of a quarter
+of the slots, which stays free for the next owner that comes, so
 isolation holds while a lone owner is not halved. The claim query skips the saturated
 subscriptions and owners, so one slow target or owner never blocks the queue of the others.
 """
@@ -163,8 +164,6 @@ class Slots:
                 # Grown only while in use: a window a trickle never fills stays put.
                 if 2 * self.busy.get(subscription_id, 0) >= int(window.size):
                     window.grow(self.per_target)
-            elif owner is not None:
-                self.fast_owners.pop(owner, None)
         elif answer.struggling:
             self.degraded.add(subscription_id)
             self._window(subscription_id).shrink()
@@ -227,8 +226,15 @@ class Slots:
         return out
 
     def claim_busy_owners(self) -> dict[str, int]:
-        """Owners' in-flight counts as the claim query takes them with `per_owner`."""
-        return {o: n + self.per_owner - self.owner_cap(o) for o, n in self.busy_owners.items()}
+        """Owners' in-flight counts as the claim query takes them with `per_owner`: each
+        shifted by how far its cap is from `per_owner` (a lone fast owner with nothing in
+        flight too, or its first claim would stop at its share)."""
+        out: dict[str, int] = {}
+        for owner in self.busy_owners.keys() | self.fast_owners.keys():
+            n = self.busy_owners.get(owner, 0) + self.per_owner - self.owner_cap(owner)
+            if n or owner in self.busy_owners:
+                out[owner] = n
+        return out
 
     def saturated(self) -> list[int]:
         """The subscriptions at their cap."""
