@@ -200,7 +200,7 @@ class Worker:
             # Finishing attempts wake us; then claim.
             self._claim_due = True
             return self.settings.poll_interval
-        self.stats.claim_queries += 1
+        self.stats.round_trips += 1
         rows = await self.store.all("claim", self._claim_params(wanted), row=class_row(Claim))
         return await self._start(delivery.in_start_order(rows), wanted, now, until_fanout)
 
@@ -232,7 +232,7 @@ class Worker:
             # the rest is due; an empty claim then asks (one round trip saved per claim).
             self._due_at = now + RECHECK_MIN
             return min(self._due_at - now, until_fanout)
-        self.stats.claim_queries += 1
+        self.stats.round_trips += 1
         row = await self.store.one("next_due", {"saturated": saturated,
                                                 "saturated_owners": saturated_owners})
         due = row["wait"] if row else None
@@ -250,7 +250,7 @@ class Worker:
         wanted = self.slots.wanted()
         if wanted == 0:
             return None
-        self.stats.claim_queries += 1
+        self.stats.round_trips += 1
         try:
             batches, rows = await self.store.pipelined(
                 ("fanout", fanout_params(self.settings.batch_size, self.settings.max_row_bytes),
@@ -273,6 +273,7 @@ class Worker:
         return await self._start(delivery.in_start_order(rows), wanted, now, until_fanout)
 
     async def _fan_out(self) -> None:
+        self.stats.round_trips += 1
         try:
             drained = await drain_outbox(self.store, self.settings.batch_size,
                                          self.settings.max_row_bytes)
