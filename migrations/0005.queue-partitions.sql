@@ -138,24 +138,38 @@ $$;
 -- (webhooks.close_orphans); attempts of a deleted subscription wait for their partition.
 
 -- Every partition of the three tables with its bounds ('-infinity'/'infinity' for
--- MINVALUE/MAXVALUE) and whether a DETACH ... CONCURRENTLY of it was interrupted.
-CREATE VIEW webhooks.queue_partitions AS
-SELECT parent.relname::text AS parent,
-       child.relname::text AS partition,
+-- MINVALUE/MAXVALUE) and whether a DETACH ... CONCURRENTLY of it was interrupted. The
+-- bounds are read back from their text form, so that is written and parsed in UTC and
+-- ISO style whatever the caller's session says (a time zone abbreviation such as IST
+-- would not read back as written).
+CREATE FUNCTION webhooks.partition_bounds()
+RETURNS TABLE (parent text, partition text, lower_bound timestamptz,
+               upper_bound timestamptz, detach_pending boolean)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+SET "TimeZone" = 'UTC'
+SET "DateStyle" = 'ISO, YMD'
+AS $$
+SELECT parent.relname::text,
+       child.relname::text,
        CASE WHEN b[1] = 'MINVALUE' THEN '-infinity'::timestamptz
-            ELSE pg_catalog.btrim(b[1], '''')::timestamptz END AS lower_bound,
+            ELSE btrim(b[1], '''')::timestamptz END,
        CASE WHEN b[2] = 'MAXVALUE' THEN 'infinity'::timestamptz
-            ELSE pg_catalog.btrim(b[2], '''')::timestamptz END AS upper_bound,
-       i.inhdetachpending AS detach_pending
-  FROM pg_catalog.pg_inherits i
-  JOIN pg_catalog.pg_class parent ON parent.oid = i.inhparent
-  JOIN pg_catalog.pg_namespace n ON n.oid = parent.relnamespace
-  JOIN pg_catalog.pg_class child ON child.oid = i.inhrelid
- CROSS JOIN LATERAL pg_catalog.regexp_match(
-           pg_catalog.pg_get_expr(child.relpartbound, child.oid),
-           '^FOR VALUES FROM \((.+)\) TO \((.+)\)$') AS b
+            ELSE btrim(b[2], '''')::timestamptz END,
+       i.inhdetachpending
+  FROM pg_inherits i
+  JOIN pg_class parent ON parent.oid = i.inhparent
+  JOIN pg_namespace n ON n.oid = parent.relnamespace
+  JOIN pg_class child ON child.oid = i.inhrelid
+ CROSS JOIN LATERAL regexp_match(pg_get_expr(child.relpartbound, child.oid),
+                                 '^FOR VALUES FROM \((.+)\) TO \((.+)\)$') AS b
  WHERE n.nspname = 'webhooks'
-   AND parent.relname IN ('events', 'deliveries', 'attempts');
+   AND parent.relname IN ('events', 'deliveries', 'attempts')
+$$;
+
+CREATE VIEW webhooks.queue_partitions AS
+SELECT parent, partition, lower_bound, upper_bound, detach_pending
+  FROM webhooks.partition_bounds();
 
 -- Creates the daily partitions of the three tables that cover [since, until] and do not
 -- exist yet; returns how many it created. A partition is created on its own and then
@@ -168,6 +182,7 @@ RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 SET "TimeZone" = 'UTC'
+SET "DateStyle" = 'ISO, YMD'
 SET lock_timeout = '2s'
 AS $$
 DECLARE
@@ -231,6 +246,8 @@ RETURNS TABLE (parent text, partition text, lower_bound timestamptz,
                upper_bound timestamptz, detach_pending boolean)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
+SET "TimeZone" = 'UTC'
+SET "DateStyle" = 'ISO, YMD'
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -282,6 +299,8 @@ CREATE FUNCTION webhooks.keep_detached_deliveries(detached text, lower_bound tim
 RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
+SET "TimeZone" = 'UTC'
+SET "DateStyle" = 'ISO, YMD'
 AS $$
 DECLARE
     v_busy boolean;
@@ -339,6 +358,7 @@ BEGIN
 END
 $$;
 
+REVOKE ALL ON FUNCTION webhooks.partition_bounds() FROM PUBLIC;
 REVOKE ALL ON FUNCTION webhooks.ensure_partitions(timestamptz, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION webhooks.expired_partitions(interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION webhooks.keep_detached_deliveries(text, timestamptz, timestamptz,

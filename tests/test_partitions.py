@@ -346,3 +346,15 @@ def test_migration_0005_keeps_a_million_deliveries(empty_db: str) -> None:
         # A subscription's deletion still takes its old deliveries with it.
         conn.execute("DELETE FROM webhooks.subscriptions WHERE id = %s", (subs[1],))
         assert count(conn, "deliveries") == n + 1 - n // 10
+
+
+def test_any_session_time_zone_and_date_style(conn: psycopg.Connection) -> None:
+    """Bounds are written and read as text: a session with another time zone and date
+    style sees the same days and makes no partition twice."""
+    conn.execute("SET TimeZone = 'Asia/Kolkata'")
+    conn.execute("SET DateStyle = 'SQL, DMY'")
+    assert conn.execute("SELECT webhooks.ensure_partitions(now(), now() + interval '2 days')"
+                        ).fetchone() == (0,)
+    rows = conn.execute("SELECT lower_bound AT TIME ZONE 'UTC' FROM webhooks.queue_partitions"
+                        " WHERE parent = 'deliveries' ORDER BY 1").fetchall()
+    assert [r[0].hour for r in rows] == [0, 0, 0]
