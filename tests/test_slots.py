@@ -202,7 +202,9 @@ def test_a_lone_fast_owner_borrows_beyond_its_share_but_not_while_another_has_wo
     s.mark_slow(11.2)
     assert s.owner_cap("alice") == 6
     s.answered(1, 503, owner="alice")
-    assert s.owner_cap("alice") == 4  # struggling targets never borrow
+    assert s.cap(1) == 1 and s.owner_cap("alice") == 6  # the struggling target holds one
+    s.mark_slow(80.0)
+    assert s.owner_cap("alice") == 4  # no fast answer for a minute: back to the share
 
 
 def test_a_hanging_attempt_shrinks_the_window_once() -> None:

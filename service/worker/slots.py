@@ -10,9 +10,9 @@ degraded subscription (its target did not answer, or answered 429 or 5xx, or an 
 of it has been in flight too long) holds one slot until it succeeds again.
 
 No owner holds more than `per_owner` slots while another owner has work in flight (or had
-recently); an owner alone, whose targets answered fast with no trouble since (no failure,
-no attempt in flight too long), may borrow beyond it up to all but a reserve of a quarter
-of the slots, which stays free for the next owner that comes, so
+recently); an owner alone that has had a fast 2xx answer in the last minute may borrow
+beyond it up to all but a reserve of a quarter of the slots (its struggling targets still
+hold one slot each), which stays free for the next owner that comes, so
 isolation holds while a lone owner is not halved. The claim query skips the saturated
 subscriptions and owners, so one slow target or owner never blocks the queue of the others.
 """
@@ -167,8 +167,6 @@ class Slots:
         elif answer.struggling:
             self.degraded.add(subscription_id)
             self._window(subscription_id).shrink()
-            if owner is not None:
-                self.fast_owners.pop(owner, None)
 
     def _window(self, subscription_id: int) -> Window:
         window = self.windows.get(subscription_id)
@@ -188,7 +186,6 @@ class Slots:
             if now - started > self.slow_after and sid not in self.degraded:
                 self.degraded.add(sid)
                 self._window(sid).shrink()
-                self.fast_owners.pop(claim.owner, None)
         if now - self._forgot_at > FORGET_AFTER / 4:
             self._forgot_at = now
             for sid in [s for s, w in self.windows.items()
@@ -206,7 +203,8 @@ class Slots:
 
     def owner_cap(self, owner: str) -> int:
         """How many deliveries of the owner may be in flight now: its share, or, alone and
-        answered fast, all but the reserve kept for the next owner."""
+        answered fast lately, all but the reserve kept for the next owner. An owner whose
+        targets never answer never borrows."""
         if (owner in self.fast_owners and len(self.busy_owners.keys() - {owner}) == 0
                 and self._now - self.contended_at > CONTENDED_HOLD):
             return self.lone_owner
