@@ -3,8 +3,9 @@
 pgbench with 2 clients inserts into three tables of the same shape: one unattached (the
 limit), one attached with an active subscription, one attached that nobody subscribes
 to; single-row INSERTs with synchronous_commit on and off, and 100-row INSERT ... SELECT
-statements; and, as an info row, single-row INSERTs while a worker waits (the triggers
-NOTIFY only then, see webhooks.wakeups). Runs are interleaved and repeated (the median
+statements; single-row UPDATEs with synchronous_commit off (an update pairs each new
+row with its old one, for event.changed); and, as an info row, single-row INSERTs while
+a worker waits (the triggers NOTIFY only then, see webhooks.wakeups). Runs are interleaved and repeated (the median
 counts) because one run on a shared 2-core machine is noisy; the tables and the outbox
 are emptied before every run so that their growth does not favour whichever
 configuration runs first.
@@ -47,6 +48,7 @@ class Config:
     rows: int
     sync: bool
     waiting: bool = False  # a row in webhooks.wakeups: a worker waits, commits NOTIFY
+    update: bool = False  # single-row UPDATEs of UPDATE_ROWS rows instead of INSERTs
 
 
 CONFIGS = [
@@ -58,7 +60,11 @@ CONFIGS = [
     Config("attached_off_wait", SUBSCRIBED, 1, False, waiting=True),
     Config("plain_100", PLAIN, 100, True),
     Config("attached_100", SUBSCRIBED, 100, True),
+    Config("plain_update", PLAIN, 1, False, update=True),
+    Config("attached_update", SUBSCRIBED, 1, False, update=True),
 ]
+# The rows the UPDATE configurations change, one at random per statement.
+UPDATE_ROWS = 1000
 
 
 def pgbench_args(url: str) -> tuple[list[str], dict[str, str]]:
@@ -73,9 +79,12 @@ def pgbench_args(url: str) -> tuple[list[str], dict[str, str]]:
 
 
 def _script(workdir: Path, config: Config) -> Path:
-    path = workdir / f"capture-{config.table}-{config.rows}.sql"
+    path = workdir / f"capture-{config.key}.sql"
     # Table names are fixed identifiers of this module; pgbench takes a plain file.
-    if config.rows == 1:
+    if config.update:
+        text = (f"\\set id random(1, {UPDATE_ROWS})\n"
+                f"UPDATE {config.table} SET a = a + 1 WHERE id = :id;\n")
+    elif config.rows == 1:
         text = f"INSERT INTO {config.table} (a, b) VALUES (1, 'x');\n"
     else:
         text = (f"INSERT INTO {config.table} (a, b) "
@@ -108,8 +117,11 @@ def _prepare(conn: Any, ctx: Context) -> None:
     subscribe(conn, SUBSCRIBED, [ctx.target("capture")])
 
 
-def _empty(conn: Any, table: str) -> None:
-    conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(table)))
+def _empty(conn: Any, table: str, rows: int = 0) -> None:
+    conn.execute(sql.SQL("TRUNCATE {} RESTART IDENTITY").format(sql.Identifier(table)))
+    if rows:
+        conn.execute(sql.SQL("INSERT INTO {} (a, b) SELECT g, 'x' FROM generate_series(1, %s) g")
+                     .format(sql.Identifier(table)), (rows,))
     conn.execute("TRUNCATE webhooks.outbox")
     conn.execute("CHECKPOINT")
 
@@ -146,7 +158,7 @@ def scenario(ctx: Context) -> list[Result]:
         for r in range(rounds):
             # Alternate the order, so neither side always runs on a warmer cache.
             for config in configs if r % 2 == 0 else reversed(configs):
-                _empty(conn, config.table)
+                _empty(conn, config.table, UPDATE_ROWS if config.update else 0)
                 if has_wakeups:
                     _set_waiting(conn, config.waiting)
                 runs[config.key].append(run_pgbench(ctx, config, seconds, scripts[config.key]))
@@ -183,4 +195,9 @@ def scenario(ctx: Context) -> list[Result]:
                      0.5, spread("attached_100", "plain_100"), paired("attached_100", "plain_100")),
         ratio_result("capture: attached, nobody subscribes", m["nobody"], m["plain"],
                      "rows/s", 0.95, spread("nobody", "plain"), paired("nobody", "plain")),
+        # An update pairs each new row with its old one for event.changed (issue 15).
+        ratio_result("capture: 1-row UPDATE, sync commit off", m["attached_update"],
+                     m["plain_update"], "rows/s", 0.65,
+                     spread("attached_update", "plain_update"),
+                     paired("attached_update", "plain_update")),
     ]
