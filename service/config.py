@@ -168,6 +168,8 @@ class Settings:
     retention: float = setting("WEBHOOKS_RETENTION", duration, 7 * 86400.0)
     encryption_key: str | None = setting("WEBHOOKS_ENCRYPTION_KEY", fernet_keys, None)
     max_row_bytes: int = setting("WEBHOOKS_MAX_ROW_BYTES", whole, 256 * 1024)
+    # How many snapshot deliveries a backfill may queue ahead of its target's deliveries.
+    backfill_ahead: int = setting("WEBHOOKS_BACKFILL_AHEAD", whole, 5000)
     # API limits: each refused with a clear {"error"} and nothing changed.
     max_body_bytes: int = setting("WEBHOOKS_MAX_BODY_BYTES", whole, 65536)
     max_subscriptions_per_owner: int = setting(

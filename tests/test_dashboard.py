@@ -197,6 +197,12 @@ async def run_the_page(api: Api, browser: Any, healthy: dict[str, Any],
         assert len(after) == len(handshakes) + 1
         assert after[-1].headers["x-hook-secret"] != handshakes[-1].headers["x-hook-secret"]
 
+        # Backfill: every current row as a snapshot, its progress in the notice line.
+        await good.get_by_role("button", name="Backfill", exact=True).click()
+        await expect(page.get_by_role("status")).to_contain_text("done: 1 row queued")
+        await api.receiver.wait_for(
+            lambda r: any(b"invoice.snapshot" in d.body for d in r.deliveries()))
+
         # Delete asks first: dismissed, nothing happens; accepted, the subscription goes.
         async def answer(dialog: Any, accept: bool) -> None:
             dialogs.append(dialog.message)

@@ -36,6 +36,7 @@ def test_migrations_build_exactly_the_schema_in_sql(db_url: str, empty_db: str) 
         conn.execute(db.SQL_DIR.joinpath("recovery.sql").read_bytes())
         conn.execute(db.SQL_DIR.joinpath("lifecycle.sql").read_bytes())
         conn.execute(db.SQL_DIR.joinpath("partitions.sql").read_bytes())
+        conn.execute(db.SQL_DIR.joinpath("backfill.sql").read_bytes())
         # The attached tables' generated capture functions live in the webhooks schema.
         conn.execute(db.SQL_DIR.joinpath("triggers", "example_invoices.sql").read_bytes())
     # db_url is a clone of the migrated template, with the example attached.
@@ -69,7 +70,7 @@ def test_two_processes_migrating_at_once(empty_db: str) -> None:
                               " JOIN pg_namespace n ON n.oid = c.relnamespace"
                               " WHERE n.nspname = 'webhooks' AND c.relkind IN ('r', 'p')"
                               " AND NOT c.relispartition").fetchone()
-    assert tables == (13,)
+    assert tables == (15,)
 
 
 def test_query_files_parse() -> None:

@@ -21,7 +21,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import RedocRenderPlugin, SwaggerRenderPlugin
 
 from service import __version__
-from service.api import dashboard, deliveries, lifecycle
+from service.api import backfills, dashboard, deliveries, lifecycle
 from service.api.auth import provide_principal
 from service.api.errors import (
     EXCEPTION_HANDLERS,
@@ -126,7 +126,7 @@ def create_app(settings: Settings, pool: Pool | None = None) -> Litestar:
         path="/api/v1",
         route_handlers=[list_webhooks, create_webhook, get_webhook, update_webhook,
                         delete_webhook, list_hook_events, *deliveries.HANDLERS,
-                        *lifecycle.HANDLERS],
+                        *lifecycle.HANDLERS, *backfills.HANDLERS],
         dependencies={"principal": Provide(provide_principal)},
         security=[{"BearerToken": []}],
         tags=["webhooks"],

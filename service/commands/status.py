@@ -33,6 +33,7 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
                       "subscriptions": rows("status_lifecycle")},
         "outbox": one("status_outbox"),
         "worker_tasks": rows("status_worker_tasks"),
+        "backfills": rows("status_backfills"),
         "rejected": {
             "total": rejected[0]["total"] if rejected else 0,
             "latest": [{k: r[k] for k in ("table_name", "event", "reason", "set_aside_at")}
@@ -107,6 +108,14 @@ def render(data: dict[str, Any]) -> str:
         for r in rejected["latest"]:
             out.append(f"  {r['set_aside_at']:%Y-%m-%d %H:%M:%S}  {r['table_name']}  "
                        f"{r['event']}  {r['reason']}")
+    backfills = data.get("backfills")
+    if backfills:
+        out += ["", "Backfills       running, and failed in the last day"]
+        for b in backfills:
+            state = (f"running, last batch {_age(b['idle_seconds'])} ago"
+                     if b["status"] == "running" else f"failed: {b['error'] or ''}")
+            out.append(f"  #{b['id']:<6} webhook #{b['subscription_id']}  {b['rows']} rows "
+                       f"queued  {state}  [{b['progress'] or ''}]")
     tasks = data.get("worker_tasks")
     if tasks is not None:
         if not tasks:

@@ -28,6 +28,7 @@ from service.http import make_session
 from service.store import Store, StoreError, StoreRejected, make_pool
 from service.worker import delivery
 from service.worker.attempts import Attempts
+from service.worker.backfill import backfill_loop
 from service.worker.delivery import Claim, Outcome
 from service.worker.fanout import FanoutBatch, drain_outbox, fanout_params
 from service.worker.lifecycle import interval as lifecycle_interval
@@ -134,6 +135,8 @@ class Worker:
             self.supervisor.start("listener", self.listener.run),
             self.supervisor.start("pruner", lambda: prune_loop(self.store,
                                                                self.settings.retention)),
+            self.supervisor.start("backfill", lambda: backfill_loop(
+                self.store, self.settings, self.wake)),
         ]
         recorder = self.supervisor.start("recorder", self._recorder.run)
         log.info("worker started", extra={"concurrency": self.concurrency})

@@ -13,6 +13,7 @@ const state = {
   next: null,         // the cursor of the next (older) page
   delivery: null,     // id of the delivery shown
   followUp: null,     // timer of the refreshes after an action
+  backfill: null,     // timer of the progress of the backfill last started
 };
 
 function showError(error) {
@@ -84,6 +85,7 @@ function renderSubscriptions() {
         ? button("Pause", () => run(() => setActive(sub, false)))
         : button("Resume", () => run(() => setActive(sub, true))),
       button("Send test event", () => run(() => sendTest(sub))),
+      button("Backfill", () => run(() => backfill(sub))),
       button("Rotate secret", () => run(() => rotate(sub))),
       button("Delete", () => run(() => remove(sub)), "danger"),
     );
@@ -106,6 +108,32 @@ async function sendTest(sub) {
   const { data } = await call("POST", `/webhooks/${sub.id}/test`);
   notify(`Test event queued for subscription ${sub.id} as delivery ${data.id}.`);
   followUp(sub.id);
+}
+
+// A backfill sends every current row as <noun>.snapshot; its progress shows in the notice
+// line until it is done or failed.
+async function backfill(sub) {
+  const { data } = await call("POST", `/webhooks/${sub.id}/backfill`, {});
+  notify(`Backfill ${data.id} of subscription ${sub.id} started: every current row is sent as a snapshot.`);
+  watchBackfill(sub.id, data.id);
+}
+
+function watchBackfill(subscriptionId, backfillId, delay = 500) {
+  if (state.backfill) clearTimeout(state.backfill);
+  state.backfill = setTimeout(() => run(async () => {
+    state.backfill = null;
+    const { data } = await call("GET", `/webhooks/${subscriptionId}/backfills/${backfillId}`);
+    const rows = `${data.rows} row${data.rows === 1 ? "" : "s"}`;
+    if (data.status === "running") {
+      notify(`Backfill ${backfillId} of subscription ${subscriptionId}: ${rows} queued so far.`);
+      watchBackfill(subscriptionId, backfillId, Math.min(delay * 2, 4000));
+    } else if (data.status === "done") {
+      notify(`Backfill ${backfillId} of subscription ${subscriptionId} done: ${rows} queued.`);
+      if (state.log && state.log.id === subscriptionId) await loadLog();
+    } else {
+      showError(`Backfill ${backfillId} of subscription ${subscriptionId} failed after ${rows}: ${data.error}`);
+    }
+  }), delay);
 }
 
 async function rotate(sub) {

@@ -1,0 +1,168 @@
+"""Backfill (SPEC section 10): deliver every current row of a subscription's tables as
+`<noun>.snapshot` events through the normal queue, and follow its progress.
+
+The API only starts a backfill (webhooks.start_backfill, sql/backfill.sql); the workers
+run it in short batches. Scoping is the subscriptions': another owner's or tenant's
+subscription, or a backfill of another subscription, is 404.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import msgspec
+from litestar import Request, Response, get, post
+from litestar.di import NamedDependency
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, RequestBody, Schema
+from litestar.params import Parameter
+
+from service.api.deliveries import _subscription
+from service.api.errors import ApiError, error_responses
+from service.api.models import parse_id, parse_limit, parse_object, shown
+from service.store import Store, StoreRejected
+from service.tokens import Principal
+
+StoreDep = NamedDependency[Store]
+PrincipalDep = NamedDependency[Principal]
+
+IdPath = Annotated[str, Parameter(description="subscription id (integer)")]
+BackfillPath = Annotated[str, Parameter(description="backfill id (integer)")]
+
+# SQLSTATEs of sql/backfill.sql: unknown subscription, inactive, one running, nothing to
+# backfill or a table that cannot be.
+UNKNOWN, INACTIVE, RUNNING, INVALID = "P0002", "55000", "55006", "22023"
+_ERRORS = (400, 401, 404, 405, 413, 429, 503)
+_DOCS = {
+    400: "the body is not {}, the subscription has no events of an attached table, or a "
+         "table cannot be backfilled (its id column's type is not built into PostgreSQL)",
+    409: "the subscription is inactive (activate it first), or a backfill of it is still "
+         "running",
+}
+
+
+class BackfillTable(msgspec.Struct):
+    """Progress of one table: snapshots queued, rows read (rows the filter leaves out are
+    read, not queued), and whether every row was read."""
+
+    resource: str
+    rows: int
+    scanned: int
+    done: bool
+
+
+class Backfill(msgspec.Struct):
+    """A backfill: `rows` snapshots queued so far (each delivered through the normal queue,
+    and visible in the delivery log as `<noun>.snapshot`)."""
+
+    id: int
+    webhook_id: int
+    status: str
+    rows: int
+    created_at: str
+    updated_at: str
+    finished_at: str | None
+    error: str | None
+    tables: list[BackfillTable]
+
+
+class Started(msgspec.Struct):
+    """A backfill just started."""
+
+    id: int
+    status: str
+
+
+BACKFILL_SCHEMA = Schema(
+    title="Backfill request",
+    type=OpenAPIType.OBJECT,
+    additional_properties=False,
+    properties={},
+    description="An empty object: every current row of the subscription's tables is "
+                "delivered, with its tenant scope, excluded columns and filter.",
+    examples=[{}],
+)
+
+
+@dataclass
+class BackfillOperation(Operation):
+    """An OpenAPI operation whose request body is the empty object."""
+
+    def __post_init__(self) -> None:
+        self.request_body = RequestBody(
+            required=True,
+            content={"application/json": OpenAPIMediaType(schema=BACKFILL_SCHEMA)})
+
+
+def _decode(text: str) -> Backfill:
+    return msgspec.json.decode(text, type=Backfill)
+
+
+@post("/webhooks/{webhook_id:str}/backfill",
+      summary="Deliver every current row as <noun>.snapshot", status_code=202,
+      operation_class=BackfillOperation, response_description="the backfill, running",
+      responses=error_responses(*_ERRORS, 409, docs=_DOCS))
+async def start_backfill(webhook_id: IdPath, request: Request[Any, Any, Any],
+                         principal: PrincipalDep, store: StoreDep) -> Started:
+    """Starts delivering every current row of the attached tables whose events the
+    subscription has, as `<noun>.snapshot` events in id order, with the subscription's
+    tenant scope, excluded columns and filter; follow it with GET .../backfills/{id}.
+    409 while the subscription is inactive or a backfill of it is running."""
+    sub = await _subscription(store, webhook_id, principal)
+    body = parse_object(await request.body())
+    for name in body:
+        raise ApiError(400, f"unknown field {shown(name)}: a backfill takes no options, "
+                            "send {}")
+    try:
+        row = await store.one("backfill_start", {"subscription_id": sub["id"]})
+    except StoreRejected as exc:
+        if exc.sqlstate == INACTIVE:
+            raise ApiError(409, f"webhook {sub['id']} is inactive; activate it with PUT "
+                                f"/api/v1/webhooks/{sub['id']} {{\"active\": true}} "
+                                "first") from None
+        if exc.sqlstate == RUNNING:
+            raise ApiError(409, f"{_message(exc)}; follow it with GET "
+                                f"/api/v1/webhooks/{sub['id']}/backfills") from None
+        if exc.sqlstate == INVALID:
+            raise ApiError(400, _message(exc)) from None
+        if exc.sqlstate == UNKNOWN:
+            raise ApiError(404, f"no webhook with id {sub['id']}") from None
+        raise
+    return Started(id=row["id"], status="running")
+
+
+def _message(exc: StoreRejected) -> str:
+    """PostgreSQL's message alone (the first line, without psycopg's decorations)."""
+    return str(exc).splitlines()[0].strip()
+
+
+@get("/webhooks/{webhook_id:str}/backfills/{backfill_id:str}",
+     summary="Get a backfill's progress", responses=error_responses(*_ERRORS))
+async def get_backfill(webhook_id: IdPath, backfill_id: BackfillPath, principal: PrincipalDep,
+                       store: StoreDep) -> Backfill:
+    """`status` running, done or failed (`error` says why), `rows` snapshots queued so
+    far, and each table's progress."""
+    number = parse_id(backfill_id)
+    if number is None:
+        raise ApiError(404, f"no backfill with id {shown(backfill_id)}")
+    sub = await _subscription(store, webhook_id, principal)
+    row = await store.one("backfill_get", {"id": number, "subscription_id": sub["id"]})
+    if row is None:
+        raise ApiError(404, f"no backfill with id {number} for webhook {sub['id']}")
+    return _decode(row["body"])
+
+
+@get("/webhooks/{webhook_id:str}/backfills", summary="List a subscription's backfills",
+     responses=error_responses(*_ERRORS))
+async def list_backfills(
+    webhook_id: IdPath, principal: PrincipalDep, store: StoreDep,
+    limit: Annotated[str | None, Parameter(description="1 to 1000, default 100")] = None,
+) -> Response[list[Backfill]]:
+    """The subscription's backfills, newest first."""
+    wanted = parse_limit(limit)
+    sub = await _subscription(store, webhook_id, principal)
+    rows = await store.all("backfill_list", {"subscription_id": sub["id"], "limit": wanted})
+    return Response([_decode(r["body"]) for r in rows])
+
+
+HANDLERS = [start_backfill, get_backfill, list_backfills]
