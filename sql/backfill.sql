@@ -69,10 +69,13 @@ CREATE TABLE webhooks.backfill_tables (
 
 -- Why the attachment's table cannot be backfilled, or NULL when it can: the id column's
 -- type must be built into PostgreSQL (the keyset comparison and ORDER BY run its
--- operators) and have an ordering. The ordering is checked by planning `ORDER BY id LIMIT
--- 0`, which reads no row and runs no code of the table's.
+-- operators) and have an ordering, and the table must be readable without row-level
+-- security policies (a policy is an expression the table's owner wrote, which a SELECT
+-- would run with the service's rights: backfills read with row_security off, so such a
+-- table is refused unless the service's role bypasses its policies anyway). Checked by
+-- planning `ORDER BY id LIMIT 0`, which reads no row and runs no code of the table's.
 CREATE FUNCTION webhooks.backfill_problem(a webhooks.attachments) RETURNS text
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET row_security = off AS $$
 DECLARE
     v_type oid;
 BEGIN
@@ -96,6 +99,12 @@ BEGIN
             RETURN format('table %s cannot be backfilled: its id column %I has type %s, which '
                           'has no ordering', a.table_oid, a.id_column, format_type(v_type, NULL));
         WHEN insufficient_privilege THEN
+            IF (SELECT c.relrowsecurity FROM pg_class c WHERE c.oid = a.table_oid) THEN
+                RETURN format('table %s cannot be backfilled: it has row-level security, and a '
+                              'backfill never runs its policies (expressions its owner wrote) '
+                              'with the service''s rights; run the workers as a role that '
+                              'bypasses them (BYPASSRLS)', a.table_oid);
+            END IF;
             RETURN format('table %s cannot be backfilled: the service''s role may not read it '
                           '(GRANT SELECT ON %s TO %I)', a.table_oid, a.table_oid, current_user);
     END;
@@ -278,7 +287,9 @@ $$;
 -- there is nothing to do. A backfill fails (status 'failed', with the reason in `error`)
 -- when its subscription became inactive, a table was detached or cannot be backfilled any
 -- more, or a batch fails on its data or rights; other errors (a lost connection, a
--- timeout) leave it as it was, for the next try. Timestamps in rows are written in UTC,
+-- timeout, DDL holding the table's lock past lock_timeout) leave it as it was, for the
+-- next try. Row-level security is off, so a policy is never run (see
+-- webhooks.backfill_problem). Timestamps in rows are written in UTC,
 -- and floats with every digit, so that the stored cursor reads back as the same value.
 CREATE FUNCTION webhooks.backfill_step(batch_size integer, max_row_bytes integer,
                                        ahead integer DEFAULT 1)
@@ -290,6 +301,8 @@ SET "TimeZone" = 'UTC'
 SET "DateStyle" = 'ISO, YMD'
 SET "IntervalStyle" = 'postgres'
 SET extra_float_digits = 3
+SET row_security = off
+SET lock_timeout = '1s'
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -299,6 +312,7 @@ DECLARE
     a webhooks.attachments;
     v_filter text;
     v_problem text;
+    v_detail text;
     v_paged bigint;
     v_scanned bigint;
     v_cursor text;
@@ -360,7 +374,10 @@ BEGIN
                     t.until_id;
         EXCEPTION WHEN data_exception OR syntax_error_or_access_rule_violation
                        OR program_limit_exceeded THEN
-            v_problem := format('table %s: %s', t.table_oid, SQLERRM);
+            GET STACKED DIAGNOSTICS v_detail = PG_EXCEPTION_DETAIL;
+            v_problem := format('table %s, %s: %s%s', t.table_oid,
+                                coalesce('the rows after id ' || t.cursor, 'the first rows'),
+                                SQLERRM, coalesce(': ' || nullif(v_detail, ''), ''));
         END;
         IF v_problem IS NOT NULL THEN
             PERFORM webhooks.fail_backfill(b.id, v_problem);

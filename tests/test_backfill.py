@@ -13,6 +13,7 @@ import signal
 import statistics
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -112,12 +113,16 @@ async def test_every_row_as_a_snapshot_with_tenant_scope_and_excluded_columns(ap
     assert len(response.json()) == 20
     assert {d["status"] for d in response.json()} == {"succeeded"}
 
-    # The list shows it; a second backfill may start once the first is done.
-    response = await api.request("GET", f"/api/v1/webhooks/{sid}/backfills", token=token)
+    # The list shows it; a second backfill may start once the first is done (paths work
+    # with and without their trailing slash).
+    response = await api.request("GET", f"/api/v1/webhooks/{sid}/backfills/", token=token)
     assert [b["id"] for b in response.json()] == [started["id"]]
-    response = await api.request("POST", f"/api/v1/webhooks/{sid}/backfill", json={},
+    response = await api.request("POST", f"/api/v1/webhooks/{sid}/backfill/", json={},
                                  token=token)
     assert response.status_code == 202, response.text
+    response = await api.request(
+        "GET", f"/api/v1/webhooks/{sid}/backfills/{response.json()['id']}/", token=token)
+    assert response.status_code == 200 and response.json()["status"] == "running"
 
 
 async def test_filter_applies_to_snapshots(api: Api) -> None:
@@ -407,3 +412,62 @@ def test_status_shows_running_and_failed_backfills(conn: psycopg.Connection) -> 
     conn.execute("SELECT webhooks.fail_backfill(%s, 'table public.invoices: no luck')", (bid,))
     text = status.render(status.collect(conn))
     assert "failed: table public.invoices: no luck" in text
+
+
+def test_row_level_security_policies_are_never_run(conn: psycopg.Connection) -> None:
+    # A table whose owner wrote a policy: a backfill that read it as a role subject to the
+    # policy would run the owner's expression with the service's rights. It is refused.
+    role = f"webhooks_svc_{uuid.uuid4().hex[:8]}"
+    conn.execute(f"CREATE ROLE {role}")
+    try:
+        conn.execute(f"GRANT USAGE ON SCHEMA webhooks TO {role};"
+                     f"GRANT ALL ON ALL TABLES IN SCHEMA webhooks TO {role};"
+                     f"GRANT ALL ON ALL SEQUENCES IN SCHEMA webhooks TO {role};"
+                     f"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA webhooks TO {role};"
+                     f"GRANT SELECT ON invoices TO {role};"
+                     "ALTER TABLE invoices ENABLE ROW LEVEL SECURITY;"
+                     "CREATE POLICY mine ON invoices USING (company_id = current_user)")
+        sid, _ = subscribe(conn, events=["invoice.create"])
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="row-level security"):
+            conn.execute(f"SET ROLE {role}; SELECT webhooks.start_backfill({sid})")
+        conn.execute("RESET ROLE")
+        # Without policies, the same role backfills.
+        conn.execute("ALTER TABLE invoices DISABLE ROW LEVEL SECURITY")
+        conn.execute(f"SET ROLE {role}")
+        [(bid,)] = conn.execute("SELECT webhooks.start_backfill(%s)", (sid,)).fetchall()
+        assert bid is not None
+    finally:
+        conn.execute("RESET ROLE")
+        conn.execute(f"DROP OWNED BY {role}; DROP ROLE {role}")
+
+
+def test_a_row_that_cannot_become_json_fails_the_backfill_with_its_reason(
+        conn: psycopg.Connection) -> None:
+    conn.execute("CREATE TABLE public.notes (id bigint PRIMARY KEY, body json);"
+                 "INSERT INTO public.notes VALUES (1, '{\"a\": 1}'), (2, '\"\\u0000\"');"
+                 "SELECT webhooks.attach('public.notes', resource => 'notes', noun => 'note')")
+    sid, _ = subscribe(conn, resource="notes", events=["note.create"])
+    [(bid,)] = conn.execute("SELECT webhooks.start_backfill(%s)", (sid,)).fetchall()
+    assert conn.execute("SELECT status FROM webhooks.backfill_step(10, 262144)"
+                        ).fetchone() == ("failed",)
+    [(status_, error, rows)] = conn.execute(
+        "SELECT status, error, rows FROM webhooks.backfills WHERE id = %s", (bid,)).fetchall()
+    assert status_ == "failed" and rows == 0
+    assert error.startswith("table public.notes, the first rows: unsupported Unicode"), error
+    assert "\\u0000" in error, error
+    # Nothing of the failed batch was queued.
+    assert conn.execute("SELECT count(*) FROM webhooks.events").fetchone() == (0,)
+
+
+async def test_the_openapi_document_describes_backfills(api: Api) -> None:
+    doc = (await api.http.get("/schema/openapi.json")).json()
+    start = doc["paths"]["/api/v1/webhooks/{webhook_id}/backfill"]["post"]
+    assert {"202", "400", "404", "409"} <= set(start["responses"])
+    body = start["requestBody"]["content"]["application/json"]["schema"]
+    assert body["additionalProperties"] is False and body["properties"] == {}
+    one = doc["paths"]["/api/v1/webhooks/{webhook_id}/backfills/{backfill_id}"]["get"]
+    assert one["responses"]["200"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/Backfill"}
+    assert {"id", "status", "rows", "created_at", "finished_at", "error", "tables"} <= set(
+        doc["components"]["schemas"]["Backfill"]["properties"])
+    assert "/api/v1/webhooks/{webhook_id}/backfills" in doc["paths"]

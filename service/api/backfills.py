@@ -66,7 +66,7 @@ class Backfill(msgspec.Struct):
     tables: list[BackfillTable]
 
 
-class Started(msgspec.Struct):
+class BackfillStarted(msgspec.Struct):
     """A backfill just started."""
 
     id: int
@@ -103,7 +103,7 @@ def _decode(text: str) -> Backfill:
       operation_class=BackfillOperation, response_description="the backfill, running",
       responses=error_responses(*_ERRORS, 409, docs=_DOCS))
 async def start_backfill(webhook_id: IdPath, request: Request[Any, Any, Any],
-                         principal: PrincipalDep, store: StoreDep) -> Started:
+                         principal: PrincipalDep, store: StoreDep) -> BackfillStarted:
     """Starts delivering every current row of the attached tables whose events the
     subscription has, as `<noun>.snapshot` events in id order, with the subscription's
     tenant scope, excluded columns and filter; follow it with GET .../backfills/{id}.
@@ -128,7 +128,7 @@ async def start_backfill(webhook_id: IdPath, request: Request[Any, Any, Any],
         if exc.sqlstate == UNKNOWN:
             raise ApiError(404, f"no webhook with id {sub['id']}") from None
         raise
-    return Started(id=row["id"], status="running")
+    return BackfillStarted(id=row["id"], status="running")
 
 
 def _message(exc: StoreRejected) -> str:
