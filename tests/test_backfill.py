@@ -144,6 +144,16 @@ async def test_filter_applies_to_snapshots(api: Api) -> None:
         await api.receiver.wait_for(lambda r: len(snapshots(r)) >= 8, timeout=20)
     assert [p["resource"]["number"] for p in snapshots(api.receiver)] == \
         [f"F{g}" for g in range(12, 41, 4)]
+    # A snapshot is no update: "$changed" lets every row through, the other conditions hold.
+    response = await api.request("POST", "/api/v1/webhooks/", json={
+        "resource": "invoices", "events": "invoice.update", "target": api.receiver.url,
+        "filter": {"$changed": ["status"], "status": "draft"}})
+    assert response.status_code == 201, response.text
+    sid = response.json()["id"]
+    async with running_worker(api.db_url):
+        response = await api.request("POST", f"/api/v1/webhooks/{sid}/backfill", json={})
+        done = await finished(api, sid, response.json()["id"])
+    assert done["status"] == "done" and done["rows"] == 30, done
 
 
 async def test_bad_requests(api: Api) -> None:
