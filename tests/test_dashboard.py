@@ -200,6 +200,9 @@ async def run_the_page(api: Api, browser: Any, healthy: dict[str, Any],
         # Backfill: every current row as a snapshot, its progress in the notice line.
         await good.get_by_role("button", name="Backfill", exact=True).click()
         await expect(page.get_by_role("status")).to_contain_text("done: 1 row queued")
+        await good.get_by_role("button", name="Deliveries", exact=True).click()
+        await expect(page.locator("#log-backfill")).to_contain_text("done, 1 row queued")
+        await expect(log.filter(has_text="invoice.snapshot")).to_have_count(1)
         await api.receiver.wait_for(
             lambda r: any(b"invoice.snapshot" in d.body for d in r.deliveries()))
 

@@ -124,6 +124,7 @@ function watchBackfill(subscriptionId, backfillId, delay = 500) {
     state.backfill = null;
     const { data } = await call("GET", `/webhooks/${subscriptionId}/backfills/${backfillId}`);
     const rows = `${data.rows} row${data.rows === 1 ? "" : "s"}`;
+    if (state.log && state.log.id === subscriptionId) await loadLatestBackfill();
     if (data.status === "running") {
       notify(`Backfill ${backfillId} of subscription ${subscriptionId}: ${rows} queued so far.`);
       watchBackfill(subscriptionId, backfillId, Math.min(delay * 2, 4000));
@@ -185,6 +186,21 @@ async function loadLog() {
   const { data, next } = await call("GET", `/webhooks/${state.log.id}/deliveries?${params}`);
   state.next = next;
   renderLog(data);
+  await loadLatestBackfill();
+}
+
+// The subscription's latest backfill, if any, above its log.
+async function loadLatestBackfill() {
+  if (!state.log) return;
+  const { data } = await call("GET", `/webhooks/${state.log.id}/backfills?limit=1`);
+  const line = $("log-backfill");
+  line.hidden = !data.length;
+  if (!data.length) return;
+  const b = data[0];
+  const rows = `${b.rows} row${b.rows === 1 ? "" : "s"}`;
+  line.textContent = b.status === "running" ? `Backfill ${b.id}: running, ${rows} queued so far.`
+    : b.status === "done" ? `Backfill ${b.id}: done, ${rows} queued (finished ${time(b.finished_at)}).`
+      : `Backfill ${b.id}: failed after ${rows}: ${b.error}`;
 }
 
 function renderLog(deliveries) {
