@@ -387,7 +387,8 @@ BEGIN
         UPDATE webhooks.backfill_tables x
            SET cursor = coalesce(v_cursor, x.cursor), until_id = t.until_id,
                scanned = x.scanned + v_scanned,
-               rows = x.rows + v_queued, done = v_paged < batch_size
+               rows = x.rows + v_queued,
+               done = v_paged < batch_size OR v_cursor = t.until_id
          WHERE x.backfill_id = t.backfill_id AND x.position = t.position;
         IF v_queued > 0 THEN
             -- Wake a waiting worker, as fan-out's commits do.

@@ -481,3 +481,22 @@ async def test_the_openapi_document_describes_backfills(api: Api) -> None:
     assert {"id", "status", "rows", "created_at", "finished_at", "error", "tables"} <= set(
         doc["components"]["schemas"]["Backfill"]["properties"])
     assert "/api/v1/webhooks/{webhook_id}/backfills" in doc["paths"]
+
+
+async def test_two_workers_share_the_batches_and_queue_each_row_once(
+        db_url: str, conn: psycopg.Connection, receiver: Receiver) -> None:
+    total = 4000
+    conn.execute("INSERT INTO invoices (number, customer, amount)"
+                 " SELECT 'D' || g, 'c', 1 FROM generate_series(1, %s) g", (total,))
+    sid, _ = subscribe(conn, receiver.url, events=["invoice.create"])
+    [(bid,)] = conn.execute("SELECT webhooks.start_backfill(%s)", (sid,)).fetchall()
+    async with running_worker(db_url, backfill_ahead=1000), \
+            running_worker(db_url, backfill_ahead=1000):
+        await poll(lambda: backfill_status(conn, bid) == "done", timeout=60,
+                   what="the backfill finished")
+        await receiver.wait_for(lambda r: len({p["event"]["resource_id"]
+                                               for p in snapshots(r)}) == total, timeout=60)
+    counts = conn.execute("SELECT count(*), count(DISTINCT body::jsonb -> 'event' -> "
+                          "'resource_id') FROM webhooks.events").fetchone()
+    assert counts == (total, total)
+    assert conn.execute("SELECT rows, batches FROM webhooks.backfills").fetchone() == (total, 8)
