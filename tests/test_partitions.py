@@ -320,8 +320,9 @@ def test_migration_0005_keeps_a_million_deliveries(empty_db: str) -> None:
         last = conn.execute("SELECT max(id) FROM webhooks.deliveries").fetchone()
         assert last is not None
         started = time.monotonic()
-        assert db.migrate(empty_db) == ["0005.queue-partitions"]
+        migrate_to(empty_db, "0005.queue-partitions")
         print(f"migration 0005 with {n:,} deliveries: {time.monotonic() - started:.1f} s")
+        assert "0005.queue-partitions" not in db.migrate(empty_db)  # the later ones
         assert count(conn, "deliveries") == n
         assert count(conn, "events") == n
         assert count(conn, "attempts") == n
