@@ -5,10 +5,11 @@
 -- (webhooks.backfill_step, service/worker/backfill.py). A DBA may call both.
 --
 -- What a backfill does to the application's tables: plain SELECTs, in keyset batches on
--- the attachment's id column (`id > cursor ORDER BY id LIMIT n`), each batch in its own
--- short transaction. It takes only ACCESS SHARE locks (what any SELECT takes: only DDL
--- such as ALTER TABLE or DROP TABLE waits for it) and holds no snapshot between batches,
--- so vacuum and the application's writers go on. A batch's deliveries and the cursor that
+-- the attachment's id column (`id > cursor AND id <= the greatest id at the table's first
+-- batch ORDER BY id LIMIT n`), each batch in its own short transaction. It takes only
+-- ACCESS SHARE locks (what any SELECT takes: only DDL such as ALTER TABLE or DROP TABLE
+-- waits for it; a batch waits at most lock_timeout = 1s behind DDL) and holds no snapshot
+-- between batches, so vacuum and the application's writers go on. A batch's deliveries and the cursor that
 -- follows it are written in one transaction: a worker killed mid-backfill leaves either
 -- both or neither, and the next worker goes on from the stored cursor (no row lost, no
 -- row queued twice). Batches take the backfill's row FOR UPDATE SKIP LOCKED, so two
@@ -17,8 +18,9 @@
 -- Privileges, as in the capture (sql/triggers/capture.sql): rows become JSON through
 -- webhooks.column_sql / webhooks.row_sql, which run no cast or function a type's owner
 -- wrote; the keyset comparison and ORDER BY run the id column's type's own operators, so a
--- backfill is allowed only when that type is built into PostgreSQL (webhooks.backfill_problem).
--- Every name is schema-qualified or quoted, every function sets its search_path, and
+-- backfill is allowed only when that type is built into PostgreSQL (webhooks.backfill_problem);
+-- batches read with row_security off, so no policy expression runs with the service's
+-- rights (a table whose policies apply to the service's role is refused). Every name is schema-qualified or quoted, every function sets its search_path, and
 -- EXECUTE is revoked from PUBLIC.
 
 -- One backfill of one subscription. `rows` counts the snapshot deliveries queued so far.
