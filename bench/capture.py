@@ -5,10 +5,10 @@ limit), one attached with an active subscription, one attached that nobody subsc
 to; single-row INSERTs with synchronous_commit on and off, and 100-row INSERT ... SELECT
 statements; single-row UPDATEs with synchronous_commit off (an update pairs each new
 row with its old one, for event.changed); and, as an info row, single-row INSERTs while
-a worker waits (the triggers NOTIFY only then, see webhooks.wakeups). Runs are interleaved and repeated (the median
-counts) because one run on a shared 2-core machine is noisy; the tables and the outbox
-are emptied before every run so that their growth does not favour whichever
-configuration runs first.
+a worker waits (the triggers NOTIFY only then, see webhooks.wakeups). Runs are
+interleaved and repeated (the median counts) because one run on a shared 2-core machine
+is noisy; the tables and the outbox are emptied before every run so that their growth
+does not favour whichever configuration runs first.
 """
 
 from __future__ import annotations
