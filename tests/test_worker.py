@@ -191,3 +191,22 @@ async def test_a_light_load_costs_one_round_trip_per_delivery(
             used = worker.stats.round_trips - before
             # The rechecks after arming (50, 100, 200 ms ...) cost one each: a few more.
             assert used <= n + 6, used
+
+
+async def test_a_busy_subscription_claims_several_freed_slots_per_round_trip(
+        db_url: str, conn: psycopg.Connection) -> None:
+    """One subscription at its cap: each claim waits for a quarter of its slots to free
+    (or 50 ms), rather than one claim per finished attempt."""
+    async with Receiver() as receiver:
+        subscribe(conn, receiver.url, events=["invoice.create"])
+        # 64 slots, 48 of them for a lone owner: a quarter stays free, so each finished
+        # attempt could pay for a claim of one.
+        async with running_worker(db_url, concurrency=64, per_target_concurrency=64,
+                                  poll_interval=30.0) as worker:
+            await poll(lambda: worker.wakeup.armed_pid is not None, what="arming")
+            before = worker.stats.round_trips
+            conn.execute("INSERT INTO invoices (number, customer, amount)"
+                         " SELECT 'B' || g, 'c', 1 FROM generate_series(1, 2000) g")
+            await receiver.wait_for(lambda r: len(r.deliveries()) == 2000, timeout=60)
+            used = worker.stats.round_trips - before
+    assert used <= 2000 // 4, used

@@ -87,6 +87,10 @@ class Worker:
         self._claim_due = True
         self._due_at = 0.0
         self._held_back = False
+        # While caps hold work back, a claim waits for this many freed slots (a quarter of
+        # what was in flight), or RECHECK_MIN: a claim round trip serves several slots.
+        self._freed = 0
+        self._claim_batch = 1
 
     @property
     def pool(self) -> AsyncConnectionPool:
@@ -111,10 +115,13 @@ class Worker:
         self._wake.set()
 
     def _slot_freed(self) -> None:
-        """An attempt is over: a claim may find what the caps held back."""
-        if self._held_back:
+        """An attempt is over: a claim may find what the caps held back, once enough
+        slots are free for it to be worth a round trip."""
+        self._freed += 1
+        if self._held_back and self._freed >= self._claim_batch:
             self._claim_due = True
-        self._wake.set()
+        if self._claim_due:
+            self._wake.set()
 
     def _recorded(self, outcomes: list[Outcome]) -> None:
         """Outcomes are written: retries come due from now on, at the earliest in the
@@ -229,6 +236,7 @@ class Worker:
         saturated, saturated_owners = self.slots.saturated(), self.slots.saturated_owners()
         self._claim_due = False
         self._held_back = bool(saturated or saturated_owners)
+        self._freed, self._claim_batch = 0, max(1, len(self.slots.inflight) // 4)
         if claims:
             # Busy: what comes next is mostly freed slots, notifications and own retries,
             # each of which asks for a claim. Look again shortly rather than ask now when
