@@ -234,6 +234,25 @@ BEGIN
 END
 $$;
 
+-- Whether a deliveries partition (attached or just detached) still holds work: a pending
+-- delivery, or one finished after `cutoff`. Both are answered by the partition's partial
+-- indexes, without reading its rows.
+CREATE FUNCTION webhooks.deliveries_partition_busy(partition text, cutoff timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_busy boolean;
+BEGIN
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM webhooks.%I WHERE status = ''pending'')'
+                   ' OR EXISTS (SELECT 1 FROM webhooks.%I WHERE status <> ''pending'''
+                   ' AND finished_at > %L)', partition, partition, cutoff)
+       INTO v_busy;
+    RETURN v_busy;
+END
+$$;
+
 -- The partitions that retention may drop now, in the order to drop them: partitions of
 -- deliveries whose whole range is older than `retention`, that hold no pending delivery
 -- and no delivery finished within `retention`, each followed by the events partition of
@@ -253,7 +272,6 @@ AS $$
 DECLARE
     v_cutoff timestamptz := now() - retention;
     p record;
-    v_busy boolean;
 BEGIN
     RETURN QUERY
         SELECT q.parent, q.partition, q.lower_bound, q.upper_bound, true
@@ -265,13 +283,8 @@ BEGIN
                 AND q.upper_bound <= v_cutoff
               ORDER BY q.upper_bound
     LOOP
-        -- Both answered by the partition's partial indexes, without reading its rows.
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM webhooks.%I WHERE status = ''pending'')'
-                       ' OR EXISTS (SELECT 1 FROM webhooks.%I WHERE status <> ''pending'''
-                       ' AND finished_at > %L)', p.partition, p.partition, v_cutoff)
-           INTO v_busy;
         -- Deliveries are dropped oldest first: a busy partition holds the later ones.
-        EXIT WHEN v_busy;
+        EXIT WHEN webhooks.deliveries_partition_busy(p.partition, v_cutoff);
         RETURN QUERY SELECT 'deliveries'::text, p.partition, p.lower_bound, p.upper_bound,
                             false;
         RETURN QUERY
@@ -305,10 +318,7 @@ AS $$
 DECLARE
     v_busy boolean;
 BEGIN
-    EXECUTE format('SELECT EXISTS (SELECT 1 FROM webhooks.%I WHERE status = ''pending'')'
-                   ' OR EXISTS (SELECT 1 FROM webhooks.%I WHERE status <> ''pending'''
-                   ' AND finished_at > %L)', detached, detached, now() - retention)
-       INTO v_busy;
+    v_busy := webhooks.deliveries_partition_busy(detached, now() - retention);
     IF v_busy THEN
         EXECUTE format('ALTER TABLE webhooks.deliveries ATTACH PARTITION webhooks.%I '
                        'FOR VALUES FROM (%s) TO (%s)', detached,
@@ -360,6 +370,7 @@ $$;
 
 REVOKE ALL ON FUNCTION webhooks.partition_bounds() FROM PUBLIC;
 REVOKE ALL ON FUNCTION webhooks.ensure_partitions(timestamptz, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION webhooks.deliveries_partition_busy(text, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION webhooks.expired_partitions(interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION webhooks.keep_detached_deliveries(text, timestamptz, timestamptz,
                                                          interval) FROM PUBLIC;
