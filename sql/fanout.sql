@@ -23,18 +23,17 @@ $$;
 -- user_id (the transaction's webhooks.user_id unless empty, else the user column, else
 -- the role). For an UPDATE, `changed` names the columns whose values changed, in table
 -- order (every sent column when the row's id changed, so no previous row was paired), and
--- `previous` is the row as it was when the table is attached with include_previous; the
--- filter row (`filter_row`) is the row as sent, '{}' when none is. With `careful`, a
--- change whose JSON PostgreSQL cannot take as JSONB (a \u0000 in a json column, say)
--- comes with the reason in `problem` and no values (even json's -> parses, and fails on,
--- the whole element), instead of failing the statement, and `raw` holds it as captured;
--- fan-out sets it aside.
+-- `previous` is the row as it was when the table is attached with include_previous. With
+-- `careful`, a change whose JSON PostgreSQL cannot take as JSONB (a \u0000 in a json
+-- column, say) comes with the reason in `problem` and no values (even json's -> parses,
+-- and fails on, the whole element), instead of failing the statement, and `raw` holds it
+-- as captured; fan-out sets it aside.
 DROP VIEW IF EXISTS webhooks.outbox_changes;
 DROP FUNCTION IF EXISTS webhooks.changes(webhooks.outbox, boolean);
 CREATE FUNCTION webhooks.changes(o webhooks.outbox, careful boolean DEFAULT false)
 RETURNS TABLE (n bigint, resource_id jsonb, parent_id jsonb, user_id text,
                tenant_scoped boolean, tenant text, row_data jsonb, problem text, raw json,
-               changed text[], previous jsonb, filter_row jsonb)
+               changed text[], previous jsonb)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT e.n,
            CASE WHEN p.problem IS NULL THEN (e.j -> 0)::jsonb END,
@@ -55,9 +54,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
            END,
            CASE WHEN p.problem IS NULL AND o.include_previous AND json_array_length(e.j) > 5
                      AND json_typeof(e.j -> 5) = 'object'
-                THEN (e.j -> 5)::jsonb END,
-           CASE WHEN p.problem IS NULL AND o.include_row THEN (e.j -> 4)::jsonb
-                ELSE '{}'::jsonb END
+                THEN (e.j -> 5)::jsonb END
       FROM json_array_elements(o.rows) WITH ORDINALITY AS e (j, n)
      CROSS JOIN LATERAL (SELECT CASE WHEN careful THEN webhooks.jsonb_problem(e.j) END
                                 AS problem) p
