@@ -69,6 +69,8 @@ class Claim:
     due: datetime
     # The secret before the last rotation, as stored, while it still signs (the overlap).
     previous_secret: str | None = field(default=None, repr=False)
+    # The delivery's partition key: the recorder finds its row in one partition.
+    created_at: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,7 @@ class Worker:
         # what was in flight), or RECHECK_MIN: a claim round trip serves several slots.
         self._freed = 0
         self._claim_batch = 1
+        self._claim_view: tuple[dict[int, int], dict[str, int]] = ({}, {})
 
     @property
     def pool(self) -> AsyncConnectionPool:
@@ -215,6 +216,9 @@ class Worker:
         return await self._start(delivery.in_start_order(rows), wanted, now, until_fanout)
 
     def _claim_params(self, wanted: int) -> dict[str, object]:
+        # What the query sees in flight: a short claim may have stopped at a cap that the
+        # attempts finishing during its round trip have freed since (see _start).
+        self._claim_view = self.slots.view()
         # The adaptive caps go in as shifted counts (slots.py): one query shape for all.
         return delivery.claim_params(
             limit=wanted, per_target=self.slots.initial, busy=self.slots.claim_busy(),
@@ -235,7 +239,8 @@ class Worker:
         # pending delivery of a subscription and owner below their caps brings work.
         saturated, saturated_owners = self.slots.saturated(), self.slots.saturated_owners()
         self._claim_due = False
-        self._held_back = bool(saturated or saturated_owners)
+        self._held_back = bool(saturated or saturated_owners
+                               or self.slots.capped(self._claim_view, claims))
         self._freed, self._claim_batch = 0, max(1, len(self.slots.inflight) // 4)
         if claims:
             # Busy: what comes next is mostly freed slots, notifications and own retries,

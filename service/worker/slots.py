@@ -242,6 +242,23 @@ class Slots:
         """The owners at their cap."""
         return [o for o, n in self.busy_owners.items() if n >= self.owner_cap(o)]
 
+    def view(self) -> tuple[dict[int, int], dict[str, int]]:
+        """The in-flight counts per subscription and per owner, as a claim sees them."""
+        return dict(self.busy), dict(self.busy_owners)
+
+    def capped(self, view: tuple[dict[int, int], dict[str, int]],
+               claims: Collection[Claim]) -> bool:
+        """Whether a claim made when `view` was in flight stopped at a cap: some
+        subscription or owner reached it with what the claim returned. Attempts that
+        finished during the claim's round trip may have freed those caps already, so the
+        worker claims again as slots free instead of taking the queue for drained."""
+        busy, owners = dict(view[0]), dict(view[1])
+        for c in claims:
+            busy[c.subscription_id] = busy.get(c.subscription_id, 0) + 1
+            owners[c.owner] = owners.get(c.owner, 0) + 1
+        return (any(busy[c.subscription_id] >= self.cap(c.subscription_id) for c in claims)
+                or any(owners[c.owner] >= self.owner_cap(c.owner) for c in claims))
+
     def leftover(self) -> list[Claim]:
         """Takes the claims still in flight (shutdown gives them back)."""
         claims = [claim for claim, _ in self.inflight.values()]

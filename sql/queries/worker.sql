@@ -73,7 +73,7 @@ UPDATE webhooks.deliveries d
    AND s.id = d.subscription_id
    AND e.id = d.event_id
 RETURNING d.id, d.attempts, d.subscription_id, s.owner, s.active, s.target, s.secret,
-          e.name AS event, e.body, c.due,
+          e.name AS event, e.body, c.due, d.created_at,
           -- During a rotation's overlap the secret before it signs too.
           CASE WHEN s.previous_secret_expires_at > now() THEN s.previous_secret END
               AS previous_secret
@@ -97,15 +97,27 @@ SELECT extract(epoch FROM min(d.next_attempt_at) - now())::float8 AS wait
 -- webhooks.lifecycle() turns into operational events (sql/lifecycle.sql). A delivery whose claim this worker no longer holds (its
 -- lease expired and another worker claimed it: attempts moved on) is left alone.
 -- The batch comes as one JSON array of [id, attempt, subscription_id, status, outcome,
--- retry_in, attempted_at (epoch seconds), duration_ms, error]: one parameter that Python
+-- retry_in, attempted_at (epoch seconds), duration_ms, error, the delivery's created_at
+-- (its partition key, as text: exact to the microsecond)]: one parameter that Python
 -- encodes in C, where ten typed arrays cost a Python call per element.
 WITH r AS (
     SELECT (a ->> 0)::bigint AS id, (a ->> 1)::int AS attempt,
            (a ->> 2)::bigint AS subscription_id, (a ->> 3)::int AS status,
            a ->> 4 AS outcome, (a ->> 5)::float8 AS retry_in,
            to_timestamp((a ->> 6)::float8) AS attempted_at, (a ->> 7)::float8 AS duration_ms,
-           a ->> 8 AS error, a ->> 8 AS content
+           a ->> 8 AS error, a ->> 8 AS content, (a ->> 9)::timestamptz AS created_at
       FROM jsonb_array_elements(%(batch)s::jsonb) AS a
+), held AS (
+    -- Each delivery still held by this claim, found by one primary-key probe of its own
+    -- partition (LIMIT 1 keeps it a per-row probe whatever the statistics say: a join
+    -- could read every pending delivery of the queue instead).
+    SELECT r.*, x.tableoid AS part, x.ctid AS tid
+      FROM r
+     CROSS JOIN LATERAL (
+        SELECT d.tableoid, d.ctid FROM webhooks.deliveries d
+         WHERE d.id = r.id AND d.created_at = r.created_at
+           AND d.attempts = r.attempt AND d.status = 'pending'
+         LIMIT 1) AS x
 ), done AS (
     UPDATE webhooks.deliveries d
        SET status = r.outcome,
@@ -114,8 +126,9 @@ WITH r AS (
                                   ELSE d.next_attempt_at END,
            lease_expires_at = NULL,
            finished_at = CASE WHEN r.outcome = 'pending' THEN NULL ELSE now() END
-      FROM r
-     WHERE d.id = r.id AND d.attempts = r.attempt AND d.status = 'pending'
+      FROM held r
+     WHERE d.tableoid = r.part AND d.ctid = r.tid
+       AND d.attempts = r.attempt AND d.status = 'pending'
     RETURNING d.id
 ), logged AS (
     INSERT INTO webhooks.attempts (delivery_id, subscription_id, attempt, attempted_at,
@@ -123,7 +136,10 @@ WITH r AS (
     SELECT r.id, r.subscription_id, r.attempt, r.attempted_at, r.status, r.duration_ms,
            r.error
       FROM r
-     WHERE EXISTS (SELECT 1 FROM webhooks.deliveries d WHERE d.id = r.id)
+     -- A scalar subquery, not EXISTS: one primary-key probe of one partition per
+     -- attempt, never a semi-join that reads the whole queue.
+     WHERE (SELECT true FROM webhooks.deliveries d
+             WHERE d.id = r.id AND d.created_at = r.created_at LIMIT 1)
     RETURNING 1
 ), latest AS (
     SELECT r.subscription_id,
