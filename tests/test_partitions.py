@@ -372,3 +372,38 @@ def test_any_session_time_zone_and_date_style(conn: psycopg.Connection) -> None:
     rows = conn.execute("SELECT lower_bound AT TIME ZONE 'UTC' FROM webhooks.queue_partitions"
                         " WHERE parent = 'deliveries' ORDER BY 1").fetchall()
     assert len(rows) >= 3 and {r[0].hour for r in rows} == {0}
+
+
+def test_record_touches_only_the_batch_whatever_the_statistics(
+        conn: psycopg.Connection) -> None:
+    """The recorder's statement reads each recorded delivery by its key, even right after a
+    burst the statistics have not seen: no plan node handles more rows than the batch
+    (a join with the queue would read every pending delivery, once per outcome)."""
+    sid = subscription(conn)
+    conn.execute("INSERT INTO webhooks.events (id, hook_resource, name, occurred_at, body)"
+                 " SELECT i, 'invoices', 'invoice.create', now(), '{}'"
+                 "   FROM generate_series(1, 20000) i")
+    conn.execute("INSERT INTO webhooks.deliveries (event_id, subscription_id, attempts)"
+                 " SELECT id, %s, 1 FROM webhooks.events", (sid,))
+    batch = conn.execute(
+        "SELECT jsonb_agg(jsonb_build_array(id, attempts, subscription_id, 200, 'succeeded',"
+        " 0, extract(epoch FROM now()), 1.5, NULL, created_at) ORDER BY id)"
+        "  FROM (SELECT * FROM webhooks.deliveries ORDER BY id LIMIT 2000) d").fetchone()
+    assert batch is not None
+    with conn.cursor() as cur:
+        rows = cur.execute(b"EXPLAIN (ANALYZE, FORMAT JSON) " + db.query("record").encode(),
+                           {"batch": psycopg.types.json.Jsonb(batch[0])}).fetchone()
+    assert rows is not None
+
+    def nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        yield node
+        for child in node.get("Plans", []):
+            yield from nodes(child)
+
+    handled = max((n["Actual Rows"] * n["Actual Loops"], n["Node Type"])
+                  for n in nodes(rows[0][0]["Plan"]))
+    assert handled[0] <= 2000, handled
+    done = conn.execute("SELECT count(*) FILTER (WHERE status = 'succeeded'),"
+                        " (SELECT count(*) FROM webhooks.attempts)"
+                        " FROM webhooks.deliveries").fetchone()
+    assert done == (2000, 2000)

@@ -107,10 +107,11 @@ WITH r AS (
            to_timestamp((a ->> 6)::float8) AS attempted_at, (a ->> 7)::float8 AS duration_ms,
            a ->> 8 AS error, a ->> 8 AS content, (a ->> 9)::timestamptz AS created_at
       FROM jsonb_array_elements(%(batch)s::jsonb) AS a
-), held AS (
+), held AS MATERIALIZED (
     -- Each delivery still held by this claim, found by one primary-key probe of its own
     -- partition (LIMIT 1 keeps it a per-row probe whatever the statistics say: a join
-    -- could read every pending delivery of the queue instead).
+    -- could read every pending delivery of the queue, once per outcome), then updated
+    -- by its row address: a TID scan, never a join with the queue.
     SELECT r.*, x.tableoid AS part, x.ctid AS tid
       FROM r
      CROSS JOIN LATERAL (
@@ -127,7 +128,8 @@ WITH r AS (
            lease_expires_at = NULL,
            finished_at = CASE WHEN r.outcome = 'pending' THEN NULL ELSE now() END
       FROM held r
-     WHERE d.tableoid = r.part AND d.ctid = r.tid
+     WHERE d.ctid = ANY (ARRAY(SELECT h.tid FROM held h))
+       AND d.tableoid = r.part AND d.ctid = r.tid
        AND d.attempts = r.attempt AND d.status = 'pending'
     RETURNING d.id
 ), logged AS (
