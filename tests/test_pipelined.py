@@ -8,11 +8,12 @@ import pytest
 from psycopg.rows import class_row
 
 from service.store import Store, StoreRejected
-from service.worker import delivery
+from service.worker import delivery, loop
 from service.worker.delivery import Claim
 from service.worker.fanout import FanoutBatch, fanout_params
+from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe
-from tests.support.worker import add_invoice, open_pool
+from tests.support.worker import add_invoice, open_pool, poll, running_worker
 
 
 def claim_params(limit: int = 10) -> dict[str, object]:
@@ -48,3 +49,29 @@ async def test_a_failure_in_either_commits_neither(db_url: str,
                 ("claim", bad, class_row(Claim)))
     assert conn.execute("SELECT count(*) FROM webhooks.outbox").fetchone() == (1,)
     assert conn.execute("SELECT count(*) FROM webhooks.deliveries").fetchone() == (0,)
+
+
+async def test_a_burst_has_the_partitions_it_fills_analysed(
+        db_url: str, conn: psycopg.Connection, receiver: Receiver,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a fan-out that made many deliveries the worker analyses the partition being
+    filled, so the claim's plan knows the due deliveries are many (autovacuum would look
+    a minute later, at best)."""
+    monkeypatch.setattr(loop, "ANALYZE_AFTER", 50)
+
+    def analysed() -> int:
+        row = conn.execute(
+            "SELECT coalesce(sum(s.analyze_count), 0) FROM pg_stat_user_tables s"
+            "  JOIN webhooks.queue_partitions p ON s.relname = p.partition"
+            " WHERE s.schemaname = 'webhooks' AND p.parent = 'deliveries'"
+            "   AND p.lower_bound <= now() AND p.upper_bound > now()").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    before = analysed()
+    subscribe(conn, receiver.url, events=["invoice.create"])
+    async with running_worker(db_url):
+        conn.execute("INSERT INTO invoices (number, customer, amount, company_id)"
+                     " SELECT 'B-' || i, 'c', 1, 'acme' FROM generate_series(1, 60) i")
+        await receiver.wait_for(lambda r: len(r.deliveries()) == 60)
+        await poll(lambda: analysed() > before, what="the partition analysed")

@@ -49,6 +49,11 @@ MIN_WAIT = 0.01
 # subscription slow: one attempt in flight at a time until one succeeds.
 SLOW_AFTER = 1.0
 
+# Deliveries made by fan-out after which the partitions being filled are analysed (at
+# most every ANALYZE_EVERY seconds): a burst outruns autovacuum's minute.
+ANALYZE_AFTER = 10_000
+ANALYZE_EVERY = 10.0
+
 _worker_numbers = itertools.count(1)
 
 
@@ -92,6 +97,9 @@ class Worker:
         self._freed = 0
         self._claim_batch = 1
         self._claim_view: tuple[dict[int, int], dict[str, int]] = ({}, {})
+        self._unanalysed = 0  # deliveries fanned out since the last analyze_current
+        self._analyzed_at = float("-inf")
+        self._analyzing: asyncio.Task[None] | None = None
 
     @property
     def pool(self) -> AsyncConnectionPool:
@@ -151,6 +159,8 @@ class Worker:
         try:
             await self._loop()
         finally:
+            if self._analyzing is not None:
+                helpers.append(self._analyzing)
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
@@ -303,10 +313,21 @@ class Worker:
         """Counts what a fan-out did and arms or disarms the wakeup as it asks."""
         self.stats.fanned_out += created
         self.metrics.fanned_out.inc(changes)
-        if locked:
-            now = asyncio.get_running_loop().time()
-            if await self.wakeup.after_fanout(self.store, taken, now) is Step.DISARM:
-                self.stats.disarmed += 1
+        self._unanalysed += created
+        now = asyncio.get_running_loop().time()
+        if (self._unanalysed >= ANALYZE_AFTER and now - self._analyzed_at >= ANALYZE_EVERY
+                and (self._analyzing is None or self._analyzing.done())):
+            self._unanalysed, self._analyzed_at = 0, now
+            self._analyzing = asyncio.create_task(self._analyze(), name="webhooks-analyze")
+        if locked and await self.wakeup.after_fanout(self.store, taken, now) is Step.DISARM:
+            self.stats.disarmed += 1
+
+    async def _analyze(self) -> None:
+        """Analyses the deliveries partitions being filled (see analyze_current)."""
+        try:
+            await self.store.run("analyze_current")
+        except StoreError as exc:
+            log.warning("could not analyse the queue after a burst: %s", exc)
 
     async def _wait(self, timeout: float) -> None:
         if timeout <= 0 or self._stopping.is_set():

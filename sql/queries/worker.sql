@@ -236,6 +236,25 @@ SELECT pg_try_advisory_lock(%(key)s) AS locked
 -- name: partitions_unlock --
 SELECT pg_advisory_unlock(%(key)s)
 
+-- name: analyze_current --
+-- A burst has made many deliveries since autovacuum last looked: the partitions being
+-- filled are analysed now, so the claim's plan knows the due deliveries are many (taken
+-- for few, it would sort them all at every claim instead of reading the due index in
+-- order). Cheap (ANALYZE samples), and a role that does not own them is told so in a
+-- warning, not an error.
+DO $$
+DECLARE
+    p text;
+BEGIN
+    FOR p IN SELECT partition FROM webhooks.queue_partitions
+              WHERE parent = 'deliveries' AND upper_bound > now() - interval '1 hour'
+                AND lower_bound <= now()
+    LOOP
+        EXECUTE format('ANALYZE webhooks.%I', p);
+    END LOOP;
+END
+$$
+
 -- name: listen --
 LISTEN webhooks
 
