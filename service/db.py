@@ -37,14 +37,31 @@ _NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*--?\s*$", re.MULTILINE)
 
 
 def parse_queries(text: str) -> dict[str, str]:
-    """The queries of a file, keyed by the name in the `-- name: x --` line above each."""
+    """The queries of a file, keyed by the name in the `-- name: x --` line above each,
+    each without its comments and indentation (see compact)."""
     queries: dict[str, str] = {}
     parts = _NAME.split(text)
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in queries:
             raise ValueError(f"query {name!r} is defined twice")
-        queries[name] = body.strip()
+        queries[name] = compact(body)
     return queries
+
+
+def compact(body: str) -> str:
+    """A query as it is sent: its `--` comments (outside string literals) and indentation
+    are for the reader of sql/queries. psycopg caches the parsing of a query's placeholders
+    only for queries of at most 4 KB; the worker's claim, fan-out and record statements,
+    run many times a second, were longer with their comments and were parsed again at
+    every execution."""
+    lines = []
+    for line in body.splitlines():
+        code, dash, _ = line.partition("--")
+        if dash and code.count("'") % 2 == 0:
+            line = code
+        if line := line.strip():
+            lines.append(line)
+    return "\n".join(lines)
 
 
 @cache
