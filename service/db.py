@@ -56,9 +56,11 @@ def compact(body: str) -> str:
     every execution."""
     lines = []
     for line in body.splitlines():
-        code, dash, _ = line.partition("--")
-        if dash and code.count("'") % 2 == 0:
-            line = code
+        at = line.find("--")
+        while at >= 0 and line.count("'", 0, at) % 2:  # inside a literal: not a comment
+            at = line.find("--", at + 2)
+        if at >= 0:
+            line = line[:at]
         if line := line.strip():
             lines.append(line)
     return "\n".join(lines)

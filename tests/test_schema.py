@@ -77,3 +77,15 @@ def test_query_files_parse() -> None:
     names = db.queries()
     assert "token_lookup" in names
     assert all(body.strip() for body in names.values())
+
+
+def test_queries_are_sent_without_comments_and_short_enough_to_be_cached() -> None:
+    """psycopg caches the parsing of a query's placeholders only up to 4 KB: every named
+    query stays under it once its comments are gone; a `--` inside a literal stays."""
+    from service.db import compact, queries
+
+    assert compact("SELECT 1 -- one\n  -- a line of its own\n  FROM t") == "SELECT 1\nFROM t"
+    assert compact("SELECT '--not a comment' AS x -- but this is") == \
+        "SELECT '--not a comment' AS x"
+    assert all(len(q.encode()) <= 4096 for q in queries().values())
+    assert not [name for name, q in queries().items() if "\n--" in q or q.startswith("--")]
