@@ -168,14 +168,21 @@ def test_trouble_halves_the_window_then_it_grows_by_about_one_per_window(status:
 
 def test_the_claim_takes_windows_as_shifted_counts() -> None:
     s = slots(concurrency=64, per_target=64)
-    s.windows[1] = s._window(1)
-    s.windows[1].size = 20.0
+    growing = [claim(1) for _ in range(16)]
+    for c in growing:
+        s.take(c, 0.0)
+    for _ in growing:  # sixteen fast answers while in use: a window of 4 + 16
+        s.answered(1, 200, duration_ms=2.0)
+    for c in growing:
+        s.handed_over(c)
+        s.free(c)
+    assert s.cap(1) == 20
     s.take(claim(1), 0.0)
     s.take(claim(2), 0.0)
     s.take(claim(3), 0.0)
     s.degraded.add(3)
     busy = s.claim_busy()
-    # per_target=initial in the query: 1 + 8 - 20 lets 19 more in; degraded ones as they are.
+    # per_target=initial in the query: 1 + 4 - 20 lets 19 more in; degraded ones as they are.
     assert busy == {1: 1 + INITIAL_WINDOW - 20, 2: 1, 3: 1}
     assert saturated(busy, s.initial, s.degraded) == s.saturated() == [3]
 

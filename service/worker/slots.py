@@ -117,6 +117,9 @@ class Slots:
         self.busy_owners: dict[str, int] = {}
         self.degraded: set[int] = set()  # subscriptions held to one attempt in flight
         self.windows: dict[int, Window] = {}
+        # The subscriptions whose window is not the initial one: the claim's shifted
+        # counts need only these and the busy ones (not every window of thousands).
+        self.resized: set[int] = set()
         self.fast_owners: dict[str, float] = {}  # owner -> when it last answered fast
         self.contended_at = float("-inf")  # when two owners last had work in flight
         self._forgot_at = 0.0
@@ -164,9 +167,18 @@ class Slots:
                 # Grown only while in use: a window a trickle never fills stays put.
                 if 2 * self.busy.get(subscription_id, 0) >= int(window.size):
                     window.grow(self.per_target)
+                    self._resized(subscription_id, window)
         elif answer.struggling:
             self.degraded.add(subscription_id)
-            self._window(subscription_id).shrink()
+            window = self._window(subscription_id)
+            window.shrink()
+            self._resized(subscription_id, window)
+
+    def _resized(self, subscription_id: int, window: Window) -> None:
+        if int(window.size) == self.initial:
+            self.resized.discard(subscription_id)
+        else:
+            self.resized.add(subscription_id)
 
     def _window(self, subscription_id: int) -> Window:
         window = self.windows.get(subscription_id)
@@ -185,12 +197,15 @@ class Slots:
             sid = claim.subscription_id
             if now - started > self.slow_after and sid not in self.degraded:
                 self.degraded.add(sid)
-                self._window(sid).shrink()
+                window = self._window(sid)
+                window.shrink()
+                self._resized(sid, window)
         if now - self._forgot_at > FORGET_AFTER / 4:
             self._forgot_at = now
             for sid in [s for s, w in self.windows.items()
                         if now - w.used_at > FORGET_AFTER and s not in self.busy]:
                 del self.windows[sid]
+                self.resized.discard(sid)
             for owner in [o for o, t in self.fast_owners.items() if now - t > FORGET_AFTER]:
                 del self.fast_owners[owner]
 
@@ -215,7 +230,7 @@ class Slots:
         each shifted by how far its window is from the initial one (degraded ones not:
         the query caps those at one)."""
         out: dict[int, int] = {}
-        for sid in self.busy.keys() | self.windows.keys():
+        for sid in self.busy.keys() | self.resized:
             n = self.busy.get(sid, 0)
             if sid not in self.degraded:
                 n += self.initial - self.cap(sid)
