@@ -167,14 +167,14 @@ class Slots:
                 # Grown only while in use: a window a trickle never fills stays put.
                 if 2 * self.busy.get(subscription_id, 0) >= int(window.size):
                     window.grow(self.per_target)
-                    self._resized(subscription_id, window)
+                    self._note_size(subscription_id, window)
         elif answer.struggling:
             self.degraded.add(subscription_id)
             window = self._window(subscription_id)
             window.shrink()
-            self._resized(subscription_id, window)
+            self._note_size(subscription_id, window)
 
-    def _resized(self, subscription_id: int, window: Window) -> None:
+    def _note_size(self, subscription_id: int, window: Window) -> None:
         if int(window.size) == self.initial:
             self.resized.discard(subscription_id)
         else:
@@ -199,7 +199,7 @@ class Slots:
                 self.degraded.add(sid)
                 window = self._window(sid)
                 window.shrink()
-                self._resized(sid, window)
+                self._note_size(sid, window)
         if now - self._forgot_at > FORGET_AFTER / 4:
             self._forgot_at = now
             for sid in [s for s, w in self.windows.items()

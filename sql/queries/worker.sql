@@ -107,17 +107,17 @@ WITH r AS (
            to_timestamp((a ->> 6)::float8) AS attempted_at, (a ->> 7)::float8 AS duration_ms,
            a ->> 8 AS error, a ->> 8 AS content, (a ->> 9)::timestamptz AS created_at
       FROM jsonb_array_elements(%(batch)s::jsonb) AS a
-), held AS MATERIALIZED (
-    -- Each delivery still held by this claim, found by one primary-key probe of its own
-    -- partition (LIMIT 1 keeps it a per-row probe whatever the statistics say: a join
-    -- could read every pending delivery of the queue, once per outcome), then updated
-    -- by its row address: a TID scan, never a join with the queue.
+), found AS MATERIALIZED (
+    -- Each outcome's delivery, found by one primary-key probe of its own partition
+    -- (LIMIT 1 keeps it a per-row probe whatever the statistics say: a join could read
+    -- every pending delivery of the queue, once per outcome). One probe serves both the
+    -- update (by row address: a TID scan, never a join with the queue) and the attempt
+    -- log (a deleted delivery gets no attempt row).
     SELECT r.*, x.tableoid AS part, x.ctid AS tid
       FROM r
      CROSS JOIN LATERAL (
         SELECT d.tableoid, d.ctid FROM webhooks.deliveries d
          WHERE d.id = r.id AND d.created_at = r.created_at
-           AND d.attempts = r.attempt AND d.status = 'pending'
          LIMIT 1) AS x
 ), done AS (
     UPDATE webhooks.deliveries d
@@ -127,8 +127,8 @@ WITH r AS (
                                   ELSE d.next_attempt_at END,
            lease_expires_at = NULL,
            finished_at = CASE WHEN r.outcome = 'pending' THEN NULL ELSE now() END
-      FROM held r
-     WHERE d.ctid = ANY (ARRAY(SELECT h.tid FROM held h))
+      FROM found r
+     WHERE d.ctid = ANY (ARRAY(SELECT f.tid FROM found f))
        AND d.tableoid = r.part AND d.ctid = r.tid
        AND d.attempts = r.attempt AND d.status = 'pending'
     RETURNING d.id
@@ -137,11 +137,7 @@ WITH r AS (
                                    status, duration_ms, error)
     SELECT r.id, r.subscription_id, r.attempt, r.attempted_at, r.status, r.duration_ms,
            r.error
-      FROM r
-     -- A scalar subquery, not EXISTS: one primary-key probe of one partition per
-     -- attempt, never a semi-join that reads the whole queue.
-     WHERE (SELECT true FROM webhooks.deliveries d
-             WHERE d.id = r.id AND d.created_at = r.created_at LIMIT 1)
+      FROM found r
     RETURNING 1
 ), latest AS (
     SELECT r.subscription_id,
