@@ -98,10 +98,14 @@ async def claim(store: Store, *, limit: int, per_target: int,
     (None: no cap). Deliveries of inactive subscriptions are closed as failed and not
     returned.
     """
-    rows = await store.all("claim", claim_params(
+    return await claim_with(store, claim_params(
         limit=limit, per_target=per_target, busy=busy, lease=lease, scan=scan,
-        degraded=degraded, per_owner=per_owner, busy_owners=busy_owners),
-        row=class_row(Claim))
+        degraded=degraded, per_owner=per_owner, busy_owners=busy_owners))
+
+
+async def claim_with(store: Store, params: dict[str, object]) -> list[Claim]:
+    """claim() with its parameters made by claim_params(), in start order."""
+    rows = await store.all("claim", params, row=class_row(Claim))
     return in_start_order(rows)
 
 

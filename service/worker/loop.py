@@ -222,8 +222,8 @@ class Worker:
             self._claim_due = True
             return self.settings.poll_interval
         self.stats.round_trips += 1
-        rows = await self.store.all("claim", self._claim_params(wanted), row=class_row(Claim))
-        return await self._start(delivery.in_start_order(rows), wanted, now, until_fanout)
+        claims = await delivery.claim_with(self.store, self._claim_params(wanted))
+        return await self._start(claims, wanted, now, until_fanout)
 
     def _claim_params(self, wanted: int) -> dict[str, object]:
         # What the query sees in flight: a short claim may have stopped at a cap that the
