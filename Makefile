@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEVDB := $(BIN)/python -m service.commands.devdb exec
 
-.PHONY: help install test test-unit lint run demo status bench bench-quick bench-tools chaos fuzz clean
+.PHONY: help install test test-unit lint run demo status schema-dump bench bench-quick bench-tools chaos fuzz clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -49,6 +49,9 @@ demo: install ## subscribe a local receiver and watch signed deliveries (with `m
 
 status: install ## what the service is doing, at a glance
 	$(DEVDB) -- $(BIN)/webhooks status
+
+schema-dump: install ## write sql/schema.dump.sql again (after a new migration or a change to sql/)
+	$(DEVDB) --shared-ok -- $(BIN)/python -m tests.support.schema
 
 bench: install bench-tools ## the benchmark suite against a private database: one table, bench/results.json
 	$(DEVDB) -- $(BIN)/python -m bench.run $(BENCH_ARGS)

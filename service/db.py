@@ -3,10 +3,12 @@ migrations. Named queries run through service.store."""
 
 from __future__ import annotations
 
+import logging
 import re
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -26,6 +28,8 @@ def resource_dir(name: str) -> Path:
         return checkout
     raise RuntimeError(f"the service's {name}/ files are missing from the installed package")
 
+
+log = logging.getLogger(__name__)
 
 SQL_DIR = resource_dir("sql")
 MIGRATIONS_DIR = resource_dir("migrations")
@@ -111,12 +115,26 @@ def yoyo_url(url: str) -> str:
     return f"postgresql+psycopg://{rest}"
 
 
+class MigrationRefused(RuntimeError):
+    """The database cannot be migrated by this version of the service; nothing was changed."""
+
+
+def replaceable_files() -> list[Path]:
+    """The replaceable SQL files (functions, triggers, event triggers, views), in the order
+    sql/replaceable.txt gives: every `migrate` runs them all again."""
+    listed = (SQL_DIR / "replaceable.txt").read_text().splitlines()
+    return [SQL_DIR / line.strip() for line in listed
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
 def migrate(url: str) -> list[str]:
-    """Applies the pending migrations; returns their ids (empty when up to date)."""
+    """Applies the pending numbered migrations, then every replaceable SQL file and every
+    attached table's capture function again; returns the ids of the migrations applied
+    (empty when there were none). Refuses a database migrated by a newer version."""
     from yoyo import get_backend, read_migrations
 
-    with psycopg.connect(url, autocommit=True) as lock_conn:
-        lock_conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
+    with psycopg.connect(conninfo(url), autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
         try:
             backend = get_backend(yoyo_url(url))
             try:
@@ -125,11 +143,50 @@ def migrate(url: str) -> list[str]:
                     raise RuntimeError(f"no migrations found in {MIGRATIONS_DIR}: the "
                                        "installed package is incomplete")
                 with backend.lock():
+                    _refuse_newer(backend, migrations)
                     pending = backend.to_apply(migrations)
                     backend.apply_migrations(pending)
-                return [m.id for m in pending]
             finally:
                 backend.connection.close()
+            with conn.transaction():
+                for path in replaceable_files():
+                    conn.execute(path.read_bytes())
+                regenerate_captures(conn)
+            return [m.id for m in pending]
         finally:
-            lock_conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
+            conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
 
+
+def _refuse_newer(backend: Any, migrations: Any) -> None:
+    """Raises MigrationRefused when the database holds a migration this code does not have
+    (it was migrated by a newer version): running older functions over newer tables would
+    break both."""
+    known = {m.hash for m in migrations}
+    unknown = [h for h in backend.get_applied_migration_hashes() if h not in known]
+    if not unknown:
+        return
+    rows = backend.execute(backend.format_sql(
+        "SELECT migration_id FROM {0.migration_table_quoted} ORDER BY applied_at_utc"
+    )).fetchall()
+    newer = [row[0] for row in rows if row[0] not in {m.id for m in migrations}]
+    raise MigrationRefused(
+        "the database was migrated by a newer version of the service (it has migration(s) "
+        f"{', '.join(newer or unknown)}, which this version does not know): upgrade the "
+        "service's package to that version or later; nothing was changed")
+
+
+def regenerate_captures(conn: psycopg.Connection[Any]) -> None:
+    """Writes every attached table's capture function again from today's generator, so a
+    fix to it reaches every table attached by an earlier version."""
+    tables = conn.execute("SELECT a.table_oid::oid, a.table_oid::text"
+                          " FROM webhooks.attachments a ORDER BY a.id").fetchall()
+    for table_oid, table_name in tables:
+        try:
+            with conn.transaction():
+                conn.execute("SELECT webhooks.install_capture(%s::oid::regclass)", (table_oid,))
+        except psycopg.Error as exc:
+            # One broken attachment (a named column dropped where no event trigger could
+            # refuse it) must not hold back the upgrade of every other table; its own
+            # writes fail until it is attached again, as they did before.
+            log.warning("migrate: the capture function of table %s was not rewritten: %s",
+                        table_name, str(exc).strip())

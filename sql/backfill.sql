@@ -1,6 +1,6 @@
 -- Backfill (SPEC section 10): every current row of the tables a subscription listens to,
--- delivered once as `<noun>.snapshot` through the normal queue. Installed by the
--- migrations after sql/partitions.sql; the REST API starts backfills
+-- delivered once as `<noun>.snapshot` through the normal queue. Re-applied by every
+-- `webhooks migrate` (sql/replaceable.txt); the REST API starts backfills
 -- (webhooks.start_backfill) and the workers run them a batch at a time
 -- (webhooks.backfill_step, service/worker/backfill.py). A DBA may call both.
 --
@@ -23,52 +23,6 @@
 -- rights (a table whose policies apply to the service's role is refused). Every name is schema-qualified or quoted, every function sets its search_path, and
 -- EXECUTE is revoked from PUBLIC.
 
--- One backfill of one subscription. `rows` counts the snapshot deliveries queued so far.
--- The gates are the first deliveries of its latest batches (at most `ahead` of them, see
--- webhooks.backfill_step): a batch waits until the oldest is no longer pending, so a
--- backfill runs at most `ahead` batches ahead of its target (a slow or failing target
--- slows its own backfill, and the queue is not flooded).
-CREATE TABLE webhooks.backfills (
-    id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    subscription_id  bigint NOT NULL REFERENCES webhooks.subscriptions (id) ON DELETE CASCADE,
-    status           text NOT NULL DEFAULT 'running'
-                     CONSTRAINT backfills_status_check
-                     CHECK (status IN ('running', 'done', 'failed')),
-    rows             bigint NOT NULL DEFAULT 0,
-    batches          integer NOT NULL DEFAULT 0,
-    created_at       timestamptz NOT NULL DEFAULT now(),
-    updated_at       timestamptz NOT NULL DEFAULT now(),  -- the latest batch
-    finished_at      timestamptz,
-    error            text,                                -- why it failed
-    gate_ids         bigint[] NOT NULL DEFAULT '{}',
-    gate_times       timestamptz[] NOT NULL DEFAULT '{}'
-);
-CREATE INDEX backfills_subscription_idx ON webhooks.backfills (subscription_id, id);
--- What the workers look for; empty while no backfill runs.
-CREATE INDEX backfills_running_idx ON webhooks.backfills (id) WHERE status = 'running';
--- At most one running backfill per subscription.
-CREATE UNIQUE INDEX backfills_one_running_idx ON webhooks.backfills (subscription_id)
-    WHERE status = 'running';
-
--- The tables of one backfill, read one after the other in `position` order. `cursor` is
--- the text form of the last id read (NULL before the first batch), `until_id` the greatest
--- id when the first batch ran (rows inserted later, with greater ids, are not read: their
--- .create events tell of them), `scanned` the rows read, `rows` the snapshots queued (rows
--- that fail the subscription's filter are read, not queued).
-CREATE TABLE webhooks.backfill_tables (
-    backfill_id  bigint NOT NULL REFERENCES webhooks.backfills (id) ON DELETE CASCADE,
-    position     integer NOT NULL,
-    table_oid    regclass NOT NULL,
-    resource     text NOT NULL,
-    cursor       text,
-    until_id     text,
-    scanned      bigint NOT NULL DEFAULT 0,
-    rows         bigint NOT NULL DEFAULT 0,
-    done         boolean NOT NULL DEFAULT false,
-    PRIMARY KEY (backfill_id, position)
-);
-
-
 -- Why the attachment's table cannot be backfilled, or NULL when it can: the id column's
 -- type must be built into PostgreSQL (the keyset comparison and ORDER BY run its
 -- operators) and have an ordering, and the table must be readable without row-level
@@ -76,7 +30,7 @@ CREATE TABLE webhooks.backfill_tables (
 -- would run with the service's rights: backfills read with row_security off, so such a
 -- table is refused unless the service's role bypasses its policies anyway). Checked by
 -- planning `ORDER BY id LIMIT 0`, which reads no row and runs no code of the table's.
-CREATE FUNCTION webhooks.backfill_problem(a webhooks.attachments) RETURNS text
+CREATE OR REPLACE FUNCTION webhooks.backfill_problem(a webhooks.attachments) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET row_security = off AS $$
 DECLARE
     v_type oid;
@@ -120,7 +74,7 @@ $$;
 -- Errors, for callers to map: P0002 unknown subscription, 55000 inactive subscription,
 -- 55006 a backfill of it is still running, 22023 nothing to backfill or a table that
 -- cannot be backfilled (the message says which and why).
-CREATE FUNCTION webhooks.start_backfill(subscription_id bigint) RETURNS bigint
+CREATE OR REPLACE FUNCTION webhooks.start_backfill(subscription_id bigint) RETURNS bigint
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     s webhooks.subscriptions;
@@ -182,7 +136,7 @@ $$;
 -- greatest id to read.
 -- Returns one row: the page's size, rows read, the new cursor, deliveries queued, the
 -- first delivery.
-CREATE FUNCTION webhooks.backfill_sql(a webhooks.attachments, tenant_scoped boolean,
+CREATE OR REPLACE FUNCTION webhooks.backfill_sql(a webhooks.attachments, tenant_scoped boolean,
                                       filtered boolean) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -273,7 +227,7 @@ $$;
 
 
 -- Marks a running backfill failed with `reason`.
-CREATE FUNCTION webhooks.fail_backfill(backfill_id bigint, reason text) RETURNS void
+CREATE OR REPLACE FUNCTION webhooks.fail_backfill(backfill_id bigint, reason text) RETURNS void
 LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
     UPDATE webhooks.backfills b
        SET status = 'failed', error = fail_backfill.reason, finished_at = now(),
@@ -293,7 +247,7 @@ $$;
 -- next try. Row-level security is off, so a policy is never run (see
 -- webhooks.backfill_problem). Timestamps in rows are written in UTC,
 -- and floats with every digit, so that the stored cursor reads back as the same value.
-CREATE FUNCTION webhooks.backfill_step(batch_size integer, max_row_bytes integer,
+CREATE OR REPLACE FUNCTION webhooks.backfill_step(batch_size integer, max_row_bytes integer,
                                        ahead integer DEFAULT 1)
 RETURNS TABLE (backfill_id bigint, subscription_id bigint, status text, rows bigint,
                queued bigint)
@@ -420,7 +374,7 @@ $$;
 
 
 -- A backfill as the API shows it, with its tables' progress.
-CREATE FUNCTION webhooks.backfill_json(b webhooks.backfills) RETURNS jsonb
+CREATE OR REPLACE FUNCTION webhooks.backfill_json(b webhooks.backfills) RETURNS jsonb
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT jsonb_build_object(
         'id', b.id,

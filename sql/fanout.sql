@@ -1,7 +1,7 @@
 -- Fan-out's side of the outbox: how a captured statement's JSON array becomes one change
 -- per row. The worker's fan-out statement (sql/queries/fanout.sql) reads outbox rows
 -- through webhooks.changes; webhooks.outbox_changes shows what waits, one change a row.
--- Installed by the migrations after sql/schema.sql and sql/triggers/capture.sql.
+-- Re-applied by every `webhooks migrate`, after sql/triggers/capture.sql.
 
 -- Why a JSON value cannot become JSONB, or NULL when it can.
 CREATE OR REPLACE FUNCTION webhooks.jsonb_problem(value json) RETURNS text
@@ -28,9 +28,7 @@ $$;
 -- column, say) comes with the reason in `problem` and no values (even json's -> parses,
 -- and fails on, the whole element), instead of failing the statement, and `raw` holds it
 -- as captured; fan-out sets it aside.
-DROP VIEW IF EXISTS webhooks.outbox_changes;
-DROP FUNCTION IF EXISTS webhooks.changes(webhooks.outbox, boolean);
-CREATE FUNCTION webhooks.changes(o webhooks.outbox, careful boolean DEFAULT false)
+CREATE OR REPLACE FUNCTION webhooks.changes(o webhooks.outbox, careful boolean DEFAULT false)
 RETURNS TABLE (n bigint, resource_id jsonb, parent_id jsonb, user_id text,
                tenant_scoped boolean, tenant text, row_data jsonb, problem text, raw json,
                changed text[], previous jsonb)
@@ -62,7 +60,7 @@ $$;
 
 
 -- What is waiting for fan-out, one change a row, in capture order.
-CREATE VIEW webhooks.outbox_changes AS
+CREATE OR REPLACE VIEW webhooks.outbox_changes AS
 SELECT o.id AS outbox_id, c.n, o.hook_resource, o.name, o.resource, c.resource_id,
        o.parent_resource, c.parent_id, c.user_id, c.tenant_scoped, c.tenant, o.occurred_at,
        c.row_data, c.changed, c.previous
@@ -94,9 +92,7 @@ $$;
 -- || adds optional members only when present (jsonb_strip_nulls would also drop a row's
 -- own null columns). Every name is qualified and nothing is SET, so fan-out's statement
 -- inlines it.
-DROP FUNCTION IF EXISTS webhooks.event_body(bigint, text, text, jsonb, text, timestamptz,
-                                            jsonb, jsonb);
-CREATE FUNCTION webhooks.event_body(
+CREATE OR REPLACE FUNCTION webhooks.event_body(
     event_id bigint, name text, resource text, resource_id jsonb, user_id text,
     occurred_at timestamptz, parent jsonb DEFAULT NULL, members jsonb DEFAULT '{}',
     changed jsonb DEFAULT NULL

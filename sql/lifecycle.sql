@@ -1,18 +1,12 @@
 -- The failure lifecycle of subscriptions (SPEC section 7): operational events and
--- auto-disable. Loaded after sql/fanout.sql (and sql/recovery.sql); migration 0004 holds
--- the same definitions.
+-- auto-disable. Re-applied by every `webhooks migrate`, after sql/fanout.sql and
+-- sql/recovery.sql; the hook events webhook.disabled, .failing and .recovered are rows that
+-- migration 0004 registered.
 --
 -- The worker's `record` query keeps webhooks.subscriptions.failing_since (the first failed
 -- attempt after the last success) and recovered_at (the first success after webhook.failing
 -- was queued); every few seconds a worker runs webhooks.lifecycle(), which turns them into
 -- events and auto-disables.
-
--- The service's own events, under resource `webhooks`: subscribable like any other.
-INSERT INTO webhooks.hook_events (resource, event, public, table_oid)
-VALUES ('webhooks', 'webhook.disabled', true, NULL),
-       ('webhooks', 'webhook.failing', true, NULL),
-       ('webhooks', 'webhook.recovered', true, NULL)
-ON CONFLICT (resource, event) DO NOTHING;
 
 -- Queues the operational event `event_name` about `subject`: one event, and one delivery
 -- to each active subscription to it of the subject's owner (of the subject's tenant, when

@@ -1,7 +1,7 @@
 -- Time partitions of the queue tables (events, deliveries, attempts): one partition per
 -- UTC day, created ahead of time and dropped whole once past retention, so retention is
 -- never a long DELETE and finished rows never leave dead tuples for vacuum to chase.
--- Installed by the migrations after sql/schema.sql; the workers call these functions
+-- Re-applied by every `webhooks migrate`; the workers call these functions
 -- (service/worker/pruning.py), and a DBA may too.
 --
 -- events and deliveries are partitioned on created_at, the time of the fan-out that made
@@ -20,7 +20,7 @@
 -- bounds are read back from their text form, so that is written and parsed in UTC and
 -- ISO style whatever the caller's session says (a time zone abbreviation such as IST
 -- would not read back as written).
-CREATE FUNCTION webhooks.partition_bounds()
+CREATE OR REPLACE FUNCTION webhooks.partition_bounds()
 RETURNS TABLE (parent text, partition text, lower_bound timestamptz,
                upper_bound timestamptz, detach_pending boolean)
 LANGUAGE sql STABLE
@@ -45,7 +45,7 @@ SELECT parent.relname::text,
    AND parent.relname IN ('events', 'deliveries', 'attempts')
 $$;
 
-CREATE VIEW webhooks.queue_partitions AS
+CREATE OR REPLACE VIEW webhooks.queue_partitions AS
 SELECT parent, partition, lower_bound, upper_bound, detach_pending
   FROM webhooks.partition_bounds();
 
@@ -55,7 +55,7 @@ SELECT parent, partition, lower_bound, upper_bound, detach_pending
 -- and readers go on. One caller at a time (an advisory lock); if a lock is not granted
 -- within lock_timeout, the call fails and the next round tries again (partitions are made
 -- days ahead).
-CREATE FUNCTION webhooks.ensure_partitions(since timestamptz, until timestamptz)
+CREATE OR REPLACE FUNCTION webhooks.ensure_partitions(since timestamptz, until timestamptz)
 RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -115,7 +115,7 @@ $$;
 -- Whether a deliveries partition (attached or just detached) still holds work: a pending
 -- delivery, or one finished after `cutoff`. Both are answered by the partition's partial
 -- indexes, without reading its rows.
-CREATE FUNCTION webhooks.deliveries_partition_busy(partition text, cutoff timestamptz)
+CREATE OR REPLACE FUNCTION webhooks.deliveries_partition_busy(partition text, cutoff timestamptz)
 RETURNS boolean
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -138,7 +138,7 @@ $$;
 -- Partitions whose detach was interrupted come first. The caller detaches each
 -- (CONCURRENTLY), checks the detached table again and drops it (see
 -- service/worker/pruning.py), so a delivery requeued meanwhile is never lost.
-CREATE FUNCTION webhooks.expired_partitions(retention interval)
+CREATE OR REPLACE FUNCTION webhooks.expired_partitions(retention interval)
 RETURNS TABLE (parent text, partition text, lower_bound timestamptz,
                upper_bound timestamptz, detach_pending boolean)
 LANGUAGE plpgsql STABLE
@@ -184,7 +184,7 @@ $$;
 -- pending delivery or one finished within `retention` (requeued between
 -- expired_partitions and the detach), attaches it again with its bounds and returns true
 -- (kept); otherwise returns false and the caller drops it.
-CREATE FUNCTION webhooks.keep_detached_deliveries(detached text, lower_bound timestamptz,
+CREATE OR REPLACE FUNCTION webhooks.keep_detached_deliveries(detached text, lower_bound timestamptz,
                                                   upper_bound timestamptz,
                                                   retention interval)
 RETURNS boolean
@@ -211,7 +211,7 @@ $$;
 
 -- Deleting subscriptions deletes their deliveries (what ON DELETE CASCADE did before the
 -- tables were partitioned), one index range per subscription and partition.
-CREATE FUNCTION webhooks.forget_deliveries() RETURNS trigger
+CREATE OR REPLACE FUNCTION webhooks.forget_deliveries() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -223,6 +223,7 @@ BEGIN
 END
 $$;
 
+DROP TRIGGER IF EXISTS subscriptions_forget_deliveries ON webhooks.subscriptions;
 CREATE TRIGGER subscriptions_forget_deliveries
     AFTER DELETE ON webhooks.subscriptions
     REFERENCING OLD TABLE AS gone
@@ -231,7 +232,7 @@ CREATE TRIGGER subscriptions_forget_deliveries
 -- Pending deliveries whose subscription is gone (a fan-out that read the subscription
 -- while it was being deleted) are deleted; returns how many. Run by the workers before
 -- retention, so such a delivery never holds its partition.
-CREATE FUNCTION webhooks.close_orphans() RETURNS bigint
+CREATE OR REPLACE FUNCTION webhooks.close_orphans() RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$

@@ -1,6 +1,6 @@
 -- Redelivery and recovery (SPEC section 7): the one implementation that the REST API,
--- the `webhooks` CLI and a DBA at a psql prompt all call. Installed by the migrations
--- after sql/fanout.sql.
+-- the `webhooks` CLI and a DBA at a psql prompt all call. Re-applied by every
+-- `webhooks migrate`, after sql/fanout.sql.
 --
 -- Both keep delivery ids (receivers de-duplicate on them) and give the delivery a fresh
 -- retry schedule: `attempts` goes back to 0, so a delivery brought back after an outage

@@ -29,6 +29,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert "service/migrations/0001.initial.sql" in names
     assert "service/sql/queries/api.sql" in names
     assert "service/sql/triggers/capture.sql" in names
+    assert "service/sql/replaceable.txt" in names
     assert {f"service/api/dashboard/static/{name}" for name in (
         "index.html", "app.js", "api.js", "view.js", "dashboard.css")} <= set(names)
     venv = root / "venv"

@@ -321,10 +321,6 @@ COMMENT ON FUNCTION webhooks.detach(regclass) IS
     'Stops capturing changes of the table and removes its events from the registry.';
 
 
-DROP FUNCTION IF EXISTS webhooks.attach(regclass, text, text, text, text, text, text, text,
-                                        text[], boolean, boolean);
-DROP FUNCTION IF EXISTS webhooks.attach(regclass, text, text, text, text, text, text, text,
-                                        text[], boolean, boolean, text[]);
 CREATE OR REPLACE FUNCTION webhooks.attach(
     table_name      regclass,
     resource        text,
