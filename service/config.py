@@ -133,6 +133,23 @@ def fernet_keys(name: str, value: str) -> str:
     return value
 
 
+def postgres_url(name: str, value: str) -> str:
+    """A postgresql:// (or postgres://) URI that libpq can parse."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    scheme = value.partition("://")[0] if "://" in value else ""
+    if scheme not in ("postgresql", "postgres"):
+        raise ConfigError(f"{name} is not a PostgreSQL URI (use the form "
+                          "postgresql://user:password@host:5432/dbname)")
+    try:
+        conninfo_to_dict(value)
+    except Exception as exc:  # psycopg.ProgrammingError: what libpq says is wrong
+        # libpq quotes the URI, which may hold a password.
+        reason = str(exc).strip().replace(value, "...")
+        raise ConfigError(f"{name} is not a valid PostgreSQL URI: {reason}") from None
+    return value
+
+
 def setting(env: str, parse: Parser, default: Any) -> Any:
     """A Settings field read from the environment variable `env` with `parse`."""
     return field(default=default, metadata={"env": env, "parse": parse})
@@ -142,7 +159,7 @@ def setting(env: str, parse: Parser, default: Any) -> Any:
 class Settings:
     """Everything the processes read from their environment, parsed and checked once."""
 
-    database_url: str = setting("DATABASE_URL", text, DEFAULT_DATABASE_URL)
+    database_url: str = setting("DATABASE_URL", postgres_url, DEFAULT_DATABASE_URL)
     allow_private_targets: bool = setting("WEBHOOKS_ALLOW_PRIVATE_TARGETS", boolean, False)
     retry_schedule: tuple[float, ...] = setting(
         "WEBHOOKS_RETRY_SCHEDULE", schedule, parse_schedule(DEFAULT_RETRY_SCHEDULE)

@@ -38,7 +38,9 @@ class TextFormatter(logging.Formatter):
         when = time.strftime("%H:%M:%S", time.gmtime(record.created)) + \
             f".{int(record.msecs):03d}"
         extra = " ".join(f"{k}={v}" for k, v in _fields(record).items())
-        line = f"{when} {record.levelname:<7} {record.name}: {record.getMessage()}"
+        # One record, one line: libpq's messages carry hints on lines of their own.
+        message = " | ".join(part.strip() for part in record.getMessage().splitlines())
+        line = f"{when} {record.levelname:<7} {record.name}: {message}"
         if extra:
             line += " " + extra
         if record.exc_info and record.levelno >= logging.ERROR:

@@ -170,8 +170,8 @@ def run_many_sync(conn: psycopg.Connection[Any], name: str,
         cur.executemany(query(name), params)
 
 
-def make_pool(url: str, *, min_size: int = 1, max_size: int = 10, name: str = "webhooks"
-              ) -> AsyncConnectionPool:
+def make_pool(url: str, *, min_size: int = 1, max_size: int = 10, name: str = "webhooks",
+              timeout: float = 30.0) -> AsyncConnectionPool:
     """An unopened async pool; the caller opens it (`await pool.open(wait=True)`) and closes it.
 
     Connections are not checked at every checkout: that costs a round trip per query on
@@ -185,5 +185,6 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 10, name: str = "w
         max_size=max_size,
         open=False,
         name=name,
+        timeout=timeout,
         kwargs={"autocommit": True, "application_name": f"webhooks-{name}"},
     )

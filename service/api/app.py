@@ -78,6 +78,12 @@ def provide_metrics(state: State) -> ApiMetrics:
     return metrics
 
 
+# How long a request waits for a pooled connection before it answers 503: long enough for
+# a burst to queue behind a busy pool, short enough that a database that is down gives a
+# quick answer rather than a hung client.
+API_POOL_TIMEOUT = 5.0
+
+
 @get("/healthz", summary="Process up", include_in_schema=True)
 async def healthz() -> dict[str, str]:
     """200 while the process serves requests."""
@@ -88,7 +94,7 @@ async def healthz() -> dict[str, str]:
 async def readyz(store: StoreDep) -> Response[dict[str, str]]:
     """200 when `select 1` runs through the pool, else 503."""
     try:
-        async with asyncio.timeout(5.0):
+        async with asyncio.timeout(2.0):
             await store.run("api_ping")
     except Exception as exc:
         # Readiness answers, whatever the failure; the type says enough to an operator.
@@ -107,8 +113,12 @@ def create_app(settings: Settings, pool: Pool | None = None) -> Litestar:
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
             if pool is None:
-                own = make_pool(settings.database_url, max_size=settings.pool_size, name="api")
-                await own.open(wait=True)
+                # The pool connects in the background: the API binds at once whatever the
+                # database does, /readyz and every request that needs the database answer
+                # 503 while it is down, and the pool reconnects when it is back.
+                own = make_pool(settings.database_url, max_size=settings.pool_size, name="api",
+                                timeout=API_POOL_TIMEOUT)
+                await own.open(wait=False)
                 stack.push_async_callback(own.close)
                 app.state.pool = own
             else:

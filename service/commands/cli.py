@@ -14,6 +14,7 @@ from service.commands import deliveries
 from service.commands.runner import run_loop
 from service.config import ConfigError, Settings
 from service.logs import setup_logging
+from service.store import StoreRejected, StoreUnavailable
 
 log = logging.getLogger("webhooks.cli")
 
@@ -258,6 +259,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130
-    except psycopg.OperationalError as exc:
-        print(f"webhooks: cannot reach the database: {str(exc).strip()}", file=sys.stderr)
+    except (psycopg.OperationalError, StoreUnavailable) as exc:
+        print(f"webhooks: cannot reach the database: {one_line(exc)}", file=sys.stderr)
         return 1
+    except (psycopg.Error, StoreRejected) as exc:
+        sqlstate = getattr(exc, "sqlstate", None)
+        if sqlstate in ("42P01", "3F000", "42883"):  # no such table, schema or function
+            print("webhooks: the database is not migrated for this version "
+                  f"({one_line(exc)}): run `webhooks migrate`", file=sys.stderr)
+        else:
+            print(f"webhooks: the database refused: {one_line(exc)}", file=sys.stderr)
+        return 1
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of an error's message (libpq adds hints and a LINE/caret excerpt)."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

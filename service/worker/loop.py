@@ -23,6 +23,7 @@ import aiohttp
 from psycopg.rows import class_row
 from psycopg_pool import AsyncConnectionPool
 
+from service.availability import wait_for_database
 from service.config import Settings
 from service.http import make_session
 from service.store import Store, StoreError, StoreRejected, make_pool
@@ -384,6 +385,8 @@ async def run_worker(settings: Settings, *, concurrency: int, metrics_port: int 
             loop.add_signal_handler(sig, stop.set)
             installed.append(sig)
     try:
+        if not await wait_for_database(settings.database_url, stop):
+            return
         async with open_worker(settings, concurrency=concurrency) as worker:
             refresher = None
             if metrics_port is not None:
