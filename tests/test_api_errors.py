@@ -100,7 +100,7 @@ async def test_wrong_method_is_405_and_unknown_path_404(api: Api) -> None:
         response = await api.request(method, path)
         assert_error(response, 405, method)
         assert "GET" in response.headers["allow"]
-    for path in ("/", "/api", "/api/v1", "/api/v2/webhooks", "/api/v1/webhooks/1/x",
+    for path in ("/nothing", "/api", "/api/v1", "/api/v2/webhooks", "/api/v1/webhooks/1/x",
                  "/api/v1/hook_events/1", "/%ff", "/api/v1/webhooks/%00/"):
         response = await api.request("GET", path)
         assert_error(response, 404)

@@ -18,10 +18,11 @@ from litestar import Litestar, Response, Router, get
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import RedocRenderPlugin, SwaggerRenderPlugin
 
 from service import __version__
 from service.api import backfills, dashboard, deliveries, lifecycle
+from service.api.apidocs import routes as apidocs
+from service.api.apidocs.routes import LocalSwaggerPlugin
 from service.api.auth import provide_principal
 from service.api.errors import (
     EXCEPTION_HANDLERS,
@@ -142,7 +143,8 @@ def create_app(settings: Settings, pool: Pool | None = None) -> Litestar:
         tags=["webhooks"],
     )
     return Litestar(
-        route_handlers=[api, healthz, readyz, MetricsController, *dashboard.HANDLERS],
+        route_handlers=[api, healthz, readyz, MetricsController, *dashboard.HANDLERS,
+                        apidocs.home],
         dependencies={
             "store": Provide(provide_store, sync_to_thread=False),
             "client": Provide(provide_client, sync_to_thread=False),
@@ -153,7 +155,7 @@ def create_app(settings: Settings, pool: Pool | None = None) -> Litestar:
         state=State({"settings": settings, "box": SecretBox(settings.encryption_key),
                      "metrics": metrics,
                      "limiter": RateLimiter(settings.rate_limit, settings.rate_burst)}),
-        middleware=[metrics_config(metrics).middleware],
+        middleware=[metrics_config(metrics).middleware, apidocs.page_headers],
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
         request_max_body_size=settings.max_body_bytes,
@@ -162,10 +164,10 @@ def create_app(settings: Settings, pool: Pool | None = None) -> Litestar:
             title="Webhook subscription service",
             version=__version__,
             description="Subscribe to changes of database rows; every error is "
-                        '{"error": "<message>"}.',
+                        '`{"error": "<message>"}`.',
             path="/schema",
             components=[REQUEST_COMPONENTS],
-            render_plugins=[SwaggerRenderPlugin(path=["/", "/swagger"]), RedocRenderPlugin()],
+            render_plugins=[LocalSwaggerPlugin()],
         ),
     )
 

@@ -1,0 +1,1 @@
+"""The interactive API documentation: Swagger UI served from the package, never a CDN."""
