@@ -20,12 +20,12 @@ import socket
 from collections.abc import AsyncIterator
 
 import aiohttp
-from psycopg.rows import class_row
 from psycopg_pool import AsyncConnectionPool
 
 from service.config import Settings
 from service.http import make_session
 from service.store import Store, StoreError, StoreRejected, make_pool
+from service.store.worker import ClaimParams
 from service.worker import delivery
 from service.worker.attempts import Attempts
 from service.worker.backfill import backfill_loop
@@ -225,7 +225,7 @@ class Worker:
         claims = await delivery.claim_with(self.store, self._claim_params(wanted))
         return await self._start(claims, wanted, now, until_fanout)
 
-    def _claim_params(self, wanted: int) -> dict[str, object]:
+    def _claim_params(self, wanted: int) -> ClaimParams:
         # What the query sees in flight: a short claim may have stopped at a cap that the
         # attempts finishing during its round trip have freed since (see _start).
         self._claim_view = self.slots.view()
@@ -259,9 +259,7 @@ class Worker:
             self._due_at = now + RECHECK_MIN
             return min(self._due_at - now, until_fanout)
         self.stats.round_trips += 1
-        row = await self.store.one("next_due", {"saturated": saturated,
-                                                "saturated_owners": saturated_owners})
-        due = row["wait"] if row else None
+        due = await self.store.next_due(saturated=saturated, saturated_owners=saturated_owners)
         self._due_at = now + max(due, MIN_WAIT) if due is not None else float("inf")
         return min(self._due_at - now, until_fanout)
 
@@ -278,10 +276,10 @@ class Worker:
             return None
         self.stats.round_trips += 1
         try:
-            batches, rows = await self.store.pipelined(
-                ("fanout", fanout_params(self.settings.batch_size, self.settings.max_row_bytes),
-                 class_row(FanoutBatch)),
-                ("claim", self._claim_params(wanted), class_row(Claim)))
+            batches, rows = await self.store.fanout_and_claim(
+                FanoutBatch, Claim,
+                fanout=fanout_params(self.settings.batch_size, self.settings.max_row_bytes),
+                claim=self._claim_params(wanted))
         except StoreRejected as exc:
             if exc.data_error:
                 return None
@@ -325,7 +323,7 @@ class Worker:
     async def _analyze(self) -> None:
         """Analyses the deliveries partitions being filled (see analyze_current)."""
         try:
-            await self.store.run("analyze_current")
+            await self.store.analyze_current()
         except StoreError as exc:
             log.warning("could not analyse the queue after a burst: %s", exc)
 
