@@ -25,7 +25,6 @@ from service.store import Store
 from service.store.worker import ClaimParams
 from service.worker.retry import next_delay
 from service.worker.signing import message_id, signed_headers
-from service.worker.slots import saturated, saturated_owners
 
 log = logging.getLogger("webhooks.delivery")
 
@@ -113,6 +112,19 @@ def in_start_order(rows: Sequence[Claim]) -> list[Claim]:
     """The active claims of a claim query's rows, in the order their attempts start."""
     # RETURNING has no order: attempts of one subscription start in event order.
     return sorted((c for c in rows if c.active), key=lambda c: (c.due, c.id))
+
+
+def saturated(busy: Mapping[int, int], per_target: int, degraded: Collection[int]
+              ) -> list[int]:
+    """The subscriptions at their cap: `per_target` in flight, or 1 when degraded."""
+    return [sid for sid, n in busy.items() if n >= (1 if sid in degraded else per_target)]
+
+
+def saturated_owners(busy_owners: Mapping[str, int], per_owner: int | None) -> list[str]:
+    """The owners with `per_owner` deliveries in flight (none when there is no cap)."""
+    if per_owner is None:
+        return []
+    return [owner for owner, n in busy_owners.items() if n >= per_owner]
 
 
 def claim_params(*, limit: int, per_target: int, busy: Mapping[int, int], lease: float,
