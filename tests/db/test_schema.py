@@ -16,7 +16,7 @@ from service import db
 
 def dump_schema(url: str) -> str:
     pg_dump = shutil.which("pg_dump") or "pg_dump"
-    # The queue tables' daily partitions depend on the day; tests/test_partitions.py
+    # The queue tables' daily partitions depend on the day; tests/db/test_partitions.py
     # checks them.
     result = subprocess.run([pg_dump, "--schema-only", "--no-owner", "--schema=webhooks",
                              "--exclude-table=webhooks.*_p2*", url],
