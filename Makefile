@@ -72,7 +72,7 @@ chaos: install ## kill workers, restart Postgres, cut LISTEN: prove nothing is l
 
 fuzz: install ## schemathesis against the API's OpenAPI document, long run (FUZZ_EXAMPLES=300)
 	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-300} $(DEVDB) --shared-ok -- \
-	  $(BIN)/python -m pytest tests/test_fuzz.py -s $(PYTEST_ARGS)
+	  $(BIN)/python -m pytest tests/db/test_fuzz.py -s $(PYTEST_ARGS)
 
 clean: ## remove the virtualenv and caches (keeps .pgdata)
 	rm -rf $(VENV) .pgdata-chaos .pytest_cache .mypy_cache .ruff_cache

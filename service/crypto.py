@@ -13,7 +13,7 @@ from typing import TextIO
 import psycopg
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
-from service.store import run_many_sync, run_sync
+from service.store import SyncStore
 
 PREFIX = "fernet:"
 
@@ -82,19 +82,19 @@ def reseal_all(conn: psycopg.Connection, keys: str | None, batch: int = 500,
                progress: TextIO | None = sys.stderr) -> tuple[int, int]:
     """Re-stores every subscription secret in the form `keys` ask for; (changed, total)."""
     box = SecretBox(keys)
-    [(total,)] = run_sync(conn, "secrets_count")
+    store = SyncStore(conn)
+    total = store.count_secrets()
     changed = seen = 0
     after = 0
     while True:
         with conn.transaction():
-            rows = run_sync(conn, "secrets_batch", {"after": after, "limit": batch})
+            rows = store.secrets_batch(after=after, limit=batch)
             if not rows:
                 break
             updates = [(new, sid) for sid, stored in rows
                        if (new := box.reseal(stored)) is not None]
             if updates:
-                run_many_sync(conn, "secrets_update",
-                              [{"id": sid, "secret": new} for new, sid in updates])
+                store.update_secrets([(sid, new) for new, sid in updates])
         changed += len(updates)
         seen += len(rows)
         after = int(rows[-1][0])

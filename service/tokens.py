@@ -9,9 +9,8 @@ import secrets
 from dataclasses import dataclass
 
 import psycopg
-from psycopg.rows import dict_row, tuple_row
 
-from service.store import Store, run_sync
+from service.store import Store, SyncStore
 
 PREFIX = "wht_"
 _FORM = re.compile(r"^wht_[A-Za-z0-9_-]{43}$")
@@ -48,19 +47,19 @@ def create(conn: psycopg.Connection, owner: str, tenant: str | None = None) -> t
     if tenant is not None and not tenant.strip():
         raise ValueError("tenant must not be empty when given")
     token = new_token()
-    [row] = run_sync(conn, "token_insert",
-                     {"owner": owner, "tenant": tenant, "token_hash": hash_token(token)})
-    return int(row[0]), token
+    token_id = SyncStore(conn).insert_token(owner=owner, tenant=tenant,
+                                            token_hash=hash_token(token))
+    return token_id, token
 
 
 def list_all(conn: psycopg.Connection) -> list[dict[str, object]]:
     """Every token's id, owner, tenant and dates; never the token."""
-    return run_sync(conn, "token_list", row=dict_row)
+    return list(SyncStore(conn).list_tokens())
 
 
 def revoke(conn: psycopg.Connection, token_id: int) -> bool:
     """Revokes the token; False when no token has that id."""
-    return bool(run_sync(conn, "token_revoke", {"id": token_id}))
+    return SyncStore(conn).revoke_token(id=token_id)
 
 
 async def authenticate(store: Store, token: str) -> Principal | None:
@@ -68,7 +67,7 @@ async def authenticate(store: Store, token: str) -> Principal | None:
     if not well_formed(token):
         return None
     digest = hash_token(token)
-    row = await store.one("token_lookup", {"token_hash": digest}, row=tuple_row)
+    row = await store.lookup_token(token_hash=digest)
     # The lookup is by hash, so timing reveals nothing of the token; compare again in
     # constant time so that no future change of the lookup can make it leak.
     if row is None or not hmac.compare_digest(bytes(row[3]), digest):

@@ -4,16 +4,17 @@ a receiver and a running API (helpers in tests/support/).
 DATABASE_URL names the server (`make test` sets it); each session creates its own
 databases there and drops them at the end.
 
-Every test gets one layer marker (`pytest -m unit` runs without a database):
-`unit` uses no database fixture; `e2e` starts a worker, an API or a receiver; `db` the rest.
+Every test gets the layer marker of its folder (`pytest -m unit` runs without a database):
+tests/unit uses no database; tests/db needs PostgreSQL but starts no worker, API or
+receiver; tests/e2e runs a worker, an API or a receiver.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -22,6 +23,7 @@ from pytest_postgresql.janitor import DatabaseJanitor
 
 from service import db
 from tests.support.api import Api, api_for
+from tests.support.browser import browser  # noqa: F401  (a fixture for the browser tests)
 from tests.support.receivers import Receiver
 
 SERVER_URL = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -113,32 +115,15 @@ async def api(request: pytest.FixtureRequest, db_url: str) -> AsyncIterator[Api]
 
 # -- layers ---------------------------------------------------------------------------
 
-# Fixtures that need the database, and fixtures or helpers that run a worker, an API or a
-# receiver (named in the test's own source when it starts one itself).
-DB_FIXTURES = {"template_db", "db_url", "conn", "empty_db", "new_db"}
-DB_HELPERS = ("SERVER_URL", "psycopg.connect")
-E2E_FIXTURES = {"api", "receiver"}
-E2E_HELPERS = ("running_worker", "open_worker", "worker_env", "Receiver(", "hanging_receiver(",
-               "RawTarget(", "api_for(", "serving(", "background_api(", "Popen(", "tests.chaos")
-
-
-def layer(item: pytest.Item) -> str:
-    """`unit`, `db` or `e2e` for one collected test."""
-    names = set(getattr(item, "fixturenames", ()))
-    function = getattr(item, "function", None)
-    try:
-        source = inspect.getsource(function) if function is not None else ""
-    except (OSError, TypeError):
-        source = ""
-    if names & E2E_FIXTURES or any(helper in source for helper in E2E_HELPERS):
-        return "e2e"
-    if names & DB_FIXTURES or any(helper in source for helper in DB_HELPERS):
-        return "db"
-    return "unit"
+LAYERS = ("unit", "db", "e2e")
+TESTS = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Marks every test with its layer unless the test names one itself."""
+    """Marks every test with its folder's layer; a test outside them is an error."""
     for item in items:
-        if not any(item.get_closest_marker(m) for m in ("unit", "db", "e2e")):
-            item.add_marker(layer(item))
+        folder = item.path.resolve().relative_to(TESTS).parts[0]
+        if folder not in LAYERS:
+            raise pytest.UsageError(f"{item.nodeid}: tests live in tests/unit, tests/db or "
+                                    "tests/e2e, by the layer they need")
+        item.add_marker(folder)

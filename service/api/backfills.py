@@ -114,7 +114,7 @@ async def start_backfill(webhook_id: IdPath, request: Request[Any, Any, Any],
         raise ApiError(400, f"unknown field {shown(name)}: a backfill takes no options, "
                             "send {}")
     try:
-        row = await store.one("backfill_start", {"subscription_id": sub["id"]})
+        row = await store.start_backfill(subscription_id=sub["id"])
     except StoreRejected as exc:
         if exc.sqlstate == INACTIVE:
             raise ApiError(409, f"webhook {sub['id']} is inactive; activate it with PUT "
@@ -146,7 +146,7 @@ async def get_backfill(webhook_id: IdPath, backfill_id: BackfillPath, principal:
     if number is None:
         raise ApiError(404, f"no backfill with id {shown(backfill_id)}")
     sub = await _subscription(store, webhook_id, principal)
-    row = await store.one("backfill_get", {"id": number, "subscription_id": sub["id"]})
+    row = await store.get_backfill(id=number, subscription_id=sub["id"])
     if row is None:
         raise ApiError(404, f"no backfill with id {number} for webhook {sub['id']}")
     return _decode(row["body"])
@@ -161,7 +161,7 @@ async def list_backfills(
     """The subscription's backfills, newest first."""
     wanted = parse_limit(limit)
     sub = await _subscription(store, webhook_id, principal)
-    rows = await store.all("backfill_list", {"subscription_id": sub["id"], "limit": wanted})
+    rows = await store.list_backfills(subscription_id=sub["id"], limit=wanted)
     return Response([_decode(r["body"]) for r in rows])
 
 

@@ -18,7 +18,6 @@ from litestar import Request, Response, get, post
 from litestar.di import NamedDependency
 from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, RequestBody, Schema
 from litestar.params import Parameter
-from psycopg.rows import dict_row
 
 from service.api.errors import ApiError, error_responses
 from service.api.models import (
@@ -150,14 +149,11 @@ def _number(text: str, what: str) -> int:
     return number
 
 
-def _scope(principal: Principal) -> dict[str, Any]:
-    return {"owner": principal.owner, "tenant": principal.tenant}
-
-
 async def _subscription(store: Store, text: str, principal: Principal) -> dict[str, Any]:
     """The caller's subscription {"id", "active"}; 404 when it is not the caller's."""
     number = _number(text, "webhook")
-    row = await store.one("deliveries_subscription", {"id": number, **_scope(principal)})
+    row = await store.delivery_subscription(id=number, owner=principal.owner,
+                                            tenant=principal.tenant)
     if row is None:
         raise ApiError(404, f"no webhook with id {number}")
     return dict(row)
@@ -229,12 +225,15 @@ async def list_deliveries(
     remain."""
     check_single(request.query_params.dict(), LIST_PARAMS)
     wanted = parse_limit(limit)
-    params = {"status": parse_status(status), "event": query_text("event", event),
-              "since": parse_time("since", since) if since is not None else None,
-              "until": parse_time("until", until) if until is not None else None,
-              "before": parse_before(before), "limit": wanted + 1}
+    status_ = parse_status(status)
+    event_ = query_text("event", event)
+    since_ = parse_time("since", since) if since is not None else None
+    until_ = parse_time("until", until) if until is not None else None
+    before_ = parse_before(before)
     sub = await _subscription(store, webhook_id, principal)
-    rows = await store.all("deliveries_list", {**params, "subscription_id": sub["id"]})
+    rows = await store.list_deliveries(subscription_id=sub["id"], status=status_,
+                                       event=event_, since=since_, until=until_,
+                                       before=before_, limit=wanted + 1)
     page = [to_delivery(r) for r in rows[:wanted]]
     headers = {}
     if len(rows) > wanted:
@@ -255,10 +254,10 @@ async def get_delivery(webhook_id: IdPath, delivery_id: DeliveryPath, principal:
     number = _number(delivery_id, "delivery")
     sub = await _subscription(store, webhook_id, principal)
     async with store.transaction() as s:
-        row = await s.one("deliveries_get", {"id": number, "subscription_id": sub["id"]})
+        row = await s.get_delivery(id=number, subscription_id=sub["id"])
         if row is None:
             raise ApiError(404, f"no delivery with id {number} for webhook {sub['id']}")
-        attempts = await s.all("deliveries_attempts", {"id": number}, row=dict_row)
+        attempts = await s.delivery_attempts(id=number)
     return to_detail(row, attempts)
 
 
@@ -272,13 +271,13 @@ async def redeliver(webhook_id: IdPath, delivery_id: DeliveryPath, principal: Pr
     schedule; 409 while the subscription is inactive."""
     number = _number(delivery_id, "delivery")
     sub = await _subscription(store, webhook_id, principal)
-    key = {"id": number, "subscription_id": sub["id"]}
     try:
         async with store.transaction() as s:
-            if await s.one("deliveries_get", key) is None:
+            if await s.get_delivery(id=number, subscription_id=sub["id"]) is None:
                 raise ApiError(404, f"no delivery with id {number} for webhook {sub['id']}")
-            await s.one("deliveries_redeliver", {"id": number})
-            row = await s.one("deliveries_get", key)
+            await s.redeliver(id=number)
+            row = await s.get_delivery(id=number, subscription_id=sub["id"])
+            assert row is not None
     except StoreRejected as exc:
         raise _requeue_error(exc, sub["id"], f"delivery with id {number}") from None
     return to_delivery(row)
@@ -300,11 +299,10 @@ async def recover(webhook_id: IdPath, request: Request[Any, Any, Any], principal
     if until is not None and until <= since:
         raise ApiError(400, "until must be later than since")
     try:
-        row = await store.one("deliveries_recover", {
-            "subscription_id": sub["id"], "since": since, "until": until})
+        requeued = await store.recover(subscription_id=sub["id"], since=since, until=until)
     except StoreRejected as exc:
         raise _requeue_error(exc, sub["id"], f"webhook with id {sub['id']}") from None
-    return Requeued(requeued=row["requeued"])
+    return Requeued(requeued=requeued)
 
 
 @post("/webhooks/{webhook_id:str}/test", summary="Send a webhook.test event", status_code=202,
@@ -316,10 +314,11 @@ async def send_test(webhook_id: IdPath, principal: PrincipalDep, store: StoreDep
     the subscription is inactive."""
     sub = await _subscription(store, webhook_id, principal)
     async with store.transaction() as s:
-        created = await s.one("deliveries_test", {"id": sub["id"]})
+        created = await s.queue_test_delivery(id=sub["id"])
         if created is None:
             raise _inactive(sub["id"])
-        row = await s.one("deliveries_get", {"id": created["id"], "subscription_id": sub["id"]})
+        row = await s.get_delivery(id=created["id"], subscription_id=sub["id"])
+    assert row is not None
     return to_delivery(row)
 
 

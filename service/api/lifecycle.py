@@ -9,13 +9,12 @@ never a secret. Scoping is the subscriptions': another owner's or tenant's id is
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any, cast
 
 import httpx
 from litestar import MediaType, Response, post
 from litestar.di import NamedDependency
 from litestar.params import Parameter
-from psycopg.rows import tuple_row
 
 from service.api.errors import ApiError, error_responses
 from service.api.handshake import HandshakeFailed, new_secret, verify
@@ -60,11 +59,10 @@ async def rotate_secret(
     number = parse_id(webhook_id)
     if number is None:
         raise ApiError(404, f"no webhook with id {shown(webhook_id)}")
-    scope = {"id": number, "owner": principal.owner, "tenant": principal.tenant}
-    row = await store.one("lifecycle_target", scope, row=tuple_row)
-    if row is None:
+    target = await store.rotation_target(id=number, owner=principal.owner,
+                                         tenant=principal.tenant)
+    if target is None:
         raise ApiError(404, f"no webhook with id {number}")
-    _, target = row
     # No connection is held here: the handshake may take the whole verify timeout.
     secret = new_secret()
     try:
@@ -74,12 +72,13 @@ async def rotate_secret(
         raise ApiError(400, f"target verification of the new secret failed, the secret is "
                             f"unchanged: {exc}") from None
     metrics.handshake("verified")
-    updated = await store.one("lifecycle_rotate", {
-        **scope, "target": target, "secret": box.seal(secret),
-        "overlap": settings.secret_overlap}, row=tuple_row)
+    updated = await store.rotate_secret(id=number, owner=principal.owner,
+                                        tenant=principal.tenant, target=target,
+                                        secret=box.seal(secret),
+                                        overlap=settings.secret_overlap)
     if updated is None:
         raise ApiError(404, f"no webhook with id {number}")
-    return Response(updated[0].encode(), media_type=MediaType.JSON)
+    return Response(cast(Any, updated.encode()), media_type=MediaType.JSON)
 
 
 HANDLERS = [rotate_secret]

@@ -12,7 +12,6 @@ import httpx
 from litestar import MediaType, Request, Response, delete, get, post, put
 from litestar.di import NamedDependency
 from litestar.params import Parameter
-from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
@@ -73,10 +72,10 @@ async def _registry(store: Store, resource: str
                     ) -> tuple[dict[str, bool], str | None, list[str]]:
     """The resource's events (name -> public), its own noun, and the subscribable resources."""
     async with store.session() as s:
-        rows = await s.all("api_resource_events", {"resource": resource}, row=tuple_row)
+        rows = await s.resource_events(resource=resource)
         if any(public for _, public, _ in rows):
             return {r[0]: r[1] for r in rows}, rows[0][2], []
-        names = await s.all("api_public_resources", row=tuple_row)
+        names = await s.public_resources()
     return {}, None, [r[0] for r in names]
 
 
@@ -100,7 +99,7 @@ async def _filter(store: Store, resource: str, names: list[str], given: Any
     A column must be sent by every event of the subscription."""
     if given is None:
         return None, None
-    rows = await store.all("api_event_columns", {"resource": resource, "events": names})
+    rows = await store.event_columns(resource=resource, events=names)
     if any(r["columns"] is None for r in rows):
         raise ApiError(400, "filter: the service's own webhook.* events carry no row to "
                             "filter on")
@@ -114,16 +113,10 @@ async def _filter(store: Store, resource: str, names: list[str], given: Any
     return (Jsonb(checked), path) if path is not None else (None, None)
 
 
-def _scope(principal: Principal) -> dict[str, Any]:
-    """The query parameters that limit a query to what the caller may see."""
-    return {"owner": principal.owner, "tenant": principal.tenant}
-
-
 async def _settle(store: Store, subscription_id: int, settings: Settings) -> None:
     """Makes a subscription that just became active exact: see webhooks.settle_subscription."""
-    (settled,) = await store.one("api_subscription_settle", {
-        "id": subscription_id, "timeout": settings.verify_timeout}, row=tuple_row)
-    if not settled:
+    if not await store.settle_subscription(id=subscription_id,
+                                           timeout=settings.verify_timeout):
         log.warning("subscription %s: a transaction writing to its resource was still open "
                     "after %gs; its changes may not reach the new subscription",
                     subscription_id, settings.verify_timeout)
@@ -156,10 +149,10 @@ async def list_webhooks(
     """The caller's subscriptions, oldest first; a `Link: <...>; rel="next"` when more remain."""
     check_single(request.query_params.dict(), ("resource", "active", "limit", "after"))
     wanted = parse_limit(limit)
-    params = {**_scope(principal), "resource": query_text("resource", resource),
-              "active": parse_active(active), "after": parse_after(after),
-              "limit": wanted + 1}
-    rows = await store.all("api_subscription_list", params, row=tuple_row)
+    rows = await store.list_subscriptions(
+        owner=principal.owner, tenant=principal.tenant,
+        resource=query_text("resource", resource), active=parse_active(active),
+        after=parse_after(after), limit=wanted + 1)
     page = rows[:wanted]
     headers = {}
     if len(rows) > wanted:
@@ -210,8 +203,7 @@ async def create_webhook(
                             "seconds") from None
     # Checked before the handshake too, so that a full owner does not bother its target.
     limit = settings.max_subscriptions_per_owner
-    (count,) = await store.one("api_subscription_count", _scope(principal), row=tuple_row)
-    if count >= limit:
+    if await store.count_subscriptions(owner=principal.owner) >= limit:
         raise _too_many(limit)
     # No connection is held here: the handshake may take the whole verify timeout.
     secret = new_secret()
@@ -222,11 +214,11 @@ async def create_webhook(
         raise ApiError(400, f"target verification failed: {exc}") from None
     metrics.handshake("verified")
     async with store.transaction() as s:
-        await s.run("api_owner_lock", _scope(principal))
-        row = await s.one("api_subscription_insert", {
-            **_scope(principal), "resource": resource, "events": names, "target": target,
-            "secret": box.seal(secret), "max": limit, "filter": filter_, "filter_path": path,
-            "ordering": ordering})
+        await s.lock_owner(owner=principal.owner)
+        row = await s.insert_subscription(
+            owner=principal.owner, tenant=principal.tenant, resource=resource, events=names,
+            target=target, secret=box.seal(secret), max=limit, filter=filter_,
+            filter_path=path, ordering=ordering)
     if row is None:
         raise _too_many(limit)
     await _settle(store, row["id"], settings)
@@ -240,11 +232,11 @@ async def get_webhook(webhook_id: IdPath, principal: PrincipalDep, store: StoreD
                       ) -> Response[Subscription]:
     """One of the caller's subscriptions."""
     number = _subscription_id(webhook_id)
-    rows = await store.all("api_subscription_get", {"id": number, **_scope(principal)},
-                           row=tuple_row)
-    if not rows:
+    doc = await store.get_subscription(id=number, owner=principal.owner,
+                                       tenant=principal.tenant)
+    if doc is None:
         raise ApiError(404, f"no webhook with id {number}")
-    return Response(rows[0][0].encode(), media_type=MediaType.JSON)
+    return Response(cast(Any, doc.encode()), media_type=MediaType.JSON)
 
 
 @put("/webhooks/{webhook_id:str}", summary="Activate or deactivate a subscription",
@@ -262,9 +254,9 @@ async def update_webhook(
     check_fields(body, UPDATE_FIELDS, ("active",))
     active = bool_field(body, "active")
     text = string_field(body, "events") if "events" in body else None
-    key = {"id": number, **_scope(principal)}
     async with store.transaction() as s:
-        row = await s.one("api_subscription_lock", key)
+        row = await s.lock_subscription(id=number, owner=principal.owner,
+                                        tenant=principal.tenant)
         if row is None:
             raise ApiError(404, f"no webhook with id {number}")
         current = to_subscription(row)
@@ -272,12 +264,13 @@ async def update_webhook(
         if text is not None:
             # Compared as the create would have stored them: bare verbs, aliases, order.
             try:
-                noun = await s.one("api_own_noun", {"resource": current.resource})
+                noun = await s.own_noun(resource=current.resource)
                 names = events.parse(text, noun["noun"] if noun else None)
             except events.EventsError as exc:
                 raise ApiError(400, str(exc)) from None
         check_unchanged(body, current, names)
-        updated = await s.one("api_subscription_set_active", {**key, "active": active})
+        updated = await s.set_subscription_active(id=number, owner=principal.owner,
+                                                  tenant=principal.tenant, active=active)
     assert updated is not None
     if active and not current.active:
         await _settle(store, number, settings)
@@ -289,8 +282,8 @@ async def update_webhook(
 async def delete_webhook(webhook_id: IdPath, principal: PrincipalDep, store: StoreDep) -> None:
     """Deletes the subscription; its queued deliveries go with it."""
     number = _subscription_id(webhook_id)
-    rows = await store.all("api_subscription_delete", {"id": number, **_scope(principal)})
-    if not rows:
+    if not await store.delete_subscription(id=number, owner=principal.owner,
+                                           tenant=principal.tenant):
         raise ApiError(404, f"no webhook with id {number}")
 
 
@@ -298,7 +291,7 @@ async def delete_webhook(webhook_id: IdPath, principal: PrincipalDep, store: Sto
      responses=error_responses(*API_ERRORS))
 async def list_hook_events(principal: PrincipalDep, store: StoreDep) -> list[HookEvent]:
     """Every public event, as {"resource", "event"}, by resource and name."""
-    rows = await store.all("api_hook_events")
+    rows = await store.hook_events()
     return [HookEvent(resource=r["resource"], event=r["event"]) for r in rows]
 
 

@@ -13,11 +13,10 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
-from psycopg.rows import dict_row
 
 from service import db
 from service.config import Settings
-from service.store import StoreRejected, run_sync
+from service.store import StoreRejected, SyncStore
 
 STATUSES = ("pending", "succeeded", "failed")
 UNKNOWN, INACTIVE = "P0002", "55000"
@@ -50,14 +49,14 @@ def _when(value: datetime | None) -> str:
 
 def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     with db.connect(settings.database_url) as conn:
-        if not run_sync(conn, "deliveries_subscription_any", {"id": args.subscription_id}):
+        store = SyncStore(conn)
+        if not store.subscription_exists(id=args.subscription_id):
             print(f"webhooks deliveries list: no subscription with id {args.subscription_id}",
                   file=sys.stderr)
             return 1
-        rows = run_sync(conn, "deliveries_list", {
-            "subscription_id": args.subscription_id, "status": args.status,
-            "event": args.event, "since": args.since, "until": args.until,
-            "before": args.before, "limit": args.limit}, row=dict_row)
+        rows = store.list_deliveries(
+            subscription_id=args.subscription_id, status=args.status, event=args.event,
+            since=args.since, until=args.until, before=args.before, limit=args.limit)
     print(f"{'id':>10}  {'event':<24} {'status':<10} {'tries':>5} {'last':>4}  "
           f"{'created':<19}  next attempt / finished")
     for r in rows:
@@ -73,13 +72,13 @@ def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
 def _detail(conn: Any, delivery_id: int) -> dict[str, Any] | None:
     from service.api.deliveries import to_detail
 
-    rows = run_sync(conn, "deliveries_get", {"id": delivery_id, "subscription_id": None},
-                    row=dict_row)
-    if not rows:
+    store = SyncStore(conn)
+    row = store.get_delivery(id=delivery_id)
+    if row is None:
         return None
-    attempts = run_sync(conn, "deliveries_attempts", {"id": delivery_id}, row=dict_row)
-    detail: dict[str, Any] = msgspec.to_builtins(to_detail(rows[0], attempts))
-    return {"subscription_id": rows[0]["subscription_id"], **detail}
+    attempts = store.delivery_attempts(id=delivery_id)
+    detail: dict[str, Any] = msgspec.to_builtins(to_detail(row, attempts))
+    return {"subscription_id": row["subscription_id"], **detail}
 
 
 def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
@@ -96,7 +95,7 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_redeliver(args: argparse.Namespace, settings: Settings) -> int:
     with db.connect(settings.database_url) as conn:
         try:
-            run_sync(conn, "deliveries_redeliver", {"id": args.delivery_id})
+            SyncStore(conn).redeliver(id=args.delivery_id)
         except StoreRejected as exc:
             return _fail("deliveries redeliver", exc)
     print(f"delivery {args.delivery_id} is pending again, due now")
@@ -109,9 +108,8 @@ def cmd_recover(args: argparse.Namespace, settings: Settings) -> int:
         return 2
     with db.connect(settings.database_url) as conn:
         try:
-            [(count,)] = run_sync(conn, "deliveries_recover", {
-                "subscription_id": args.subscription_id, "since": args.since,
-                "until": args.until})
+            count = SyncStore(conn).recover(subscription_id=args.subscription_id,
+                                            since=args.since, until=args.until)
         except StoreRejected as exc:
             return _fail("recover", exc)
     print(f"requeued {count} failed deliver{'y' if count == 1 else 'ies'} of subscription "

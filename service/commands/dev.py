@@ -9,7 +9,7 @@ import psycopg
 
 from service import db, tokens
 from service.config import Settings
-from service.store import run_sync
+from service.store import SyncStore
 
 DEV_OWNER = "developer"
 EXAMPLE_SCHEMA = db.SQL_DIR / "triggers" / "example_invoices.sql"
@@ -24,10 +24,9 @@ def prepare(settings: Settings, token_file: Path) -> str:
         conn.execute("SET client_min_messages = warning")
         conn.execute(EXAMPLE_SCHEMA.read_bytes())
         token = token_file.read_text().strip() if token_file.exists() else ""
-        if token and tokens.well_formed(token):
-            found = run_sync(conn, "token_lookup", {"token_hash": tokens.hash_token(token)})
-            if found:
-                return token
+        if token and tokens.well_formed(token) and SyncStore(conn).lookup_token(
+                token_hash=tokens.hash_token(token)) is not None:
+            return token
         _, token = tokens.create(conn, DEV_OWNER)
     token_file.write_text(token + "\n")
     os.chmod(token_file, 0o600)

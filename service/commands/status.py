@@ -6,34 +6,27 @@ import json
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
 
 from service.config import Settings
-from service.store import run_sync
+from service.store import SyncStore
 
 
 def collect(conn: psycopg.Connection) -> dict[str, Any]:
     """Every figure `webhooks status` shows, as plain data."""
-    def one(name: str) -> dict[str, Any]:
-        [row] = run_sync(conn, name, row=dict_row)
-        return dict(row)
-
-    def rows(name: str) -> list[dict[str, Any]]:
-        return [dict(r) for r in run_sync(conn, name, row=dict_row)]
-
-    rejected = rows("status_rejected")
+    store = SyncStore(conn)
+    rejected = store.status_rejected()
     return {
-        "attachments": rows("status_attachments"),
-        "subscriptions": one("status_subscriptions"),
-        "partitions": rows("status_partitions"),
-        "deliveries": one("status_deliveries"),
-        "last_hour": one("status_attempts"),
-        "failing": rows("status_failing"),
-        "lifecycle": {**one("status_lifecycle_counts"),
-                      "subscriptions": rows("status_lifecycle")},
-        "outbox": one("status_outbox"),
-        "worker_tasks": rows("status_worker_tasks"),
-        "backfills": rows("status_backfills"),
+        "attachments": store.status_attachments(),
+        "subscriptions": store.status_subscriptions(),
+        "partitions": store.status_partitions(),
+        "deliveries": store.status_deliveries(),
+        "last_hour": store.status_attempts(),
+        "failing": store.status_failing(),
+        "lifecycle": {**store.status_lifecycle_counts(),
+                      "subscriptions": store.status_lifecycle()},
+        "outbox": store.status_outbox(),
+        "worker_tasks": store.status_worker_tasks(),
+        "backfills": store.status_backfills(),
         "rejected": {
             "total": rejected[0]["total"] if rejected else 0,
             "latest": [{k: r[k] for k in ("table_name", "event", "reason", "set_aside_at")}

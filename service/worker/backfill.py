@@ -36,9 +36,8 @@ async def run_batch(store: Store, settings: Settings, batch_size: int = BATCH_SI
     """One batch of a ready backfill, committed; None when no backfill is ready."""
     ahead = max(1, -(-settings.backfill_ahead // batch_size))  # in batches, rounded up
     async with store.transaction() as s:
-        row = await s.one("backfill_step", {"batch_size": batch_size,
-                                            "max_row_bytes": settings.max_row_bytes,
-                                            "ahead": ahead})
+        row = await s.backfill_step(batch_size=batch_size,
+                                    max_row_bytes=settings.max_row_bytes, ahead=ahead)
     return dict(row) if row is not None else None
 
 

@@ -14,7 +14,6 @@ from datetime import UTC, datetime
 from functools import lru_cache
 
 import aiohttp
-from psycopg.rows import class_row
 from yarl import URL
 
 from service.config import Settings
@@ -23,9 +22,9 @@ from service.logs import redact
 from service.outcomes import Answer, classify
 from service.ssrf import TargetRejected
 from service.store import Store
+from service.store.worker import ClaimParams
 from service.worker.retry import next_delay
 from service.worker.signing import message_id, signed_headers
-from service.worker.slots import saturated, saturated_owners
 
 log = logging.getLogger("webhooks.delivery")
 
@@ -103,9 +102,9 @@ async def claim(store: Store, *, limit: int, per_target: int,
         degraded=degraded, per_owner=per_owner, busy_owners=busy_owners))
 
 
-async def claim_with(store: Store, params: dict[str, object]) -> list[Claim]:
+async def claim_with(store: Store, params: ClaimParams) -> list[Claim]:
     """claim() with its parameters made by claim_params(), in start order."""
-    rows = await store.all("claim", params, row=class_row(Claim))
+    rows = await store.claim(Claim, **params)
     return in_start_order(rows)
 
 
@@ -115,9 +114,22 @@ def in_start_order(rows: Sequence[Claim]) -> list[Claim]:
     return sorted((c for c in rows if c.active), key=lambda c: (c.due, c.id))
 
 
+def saturated(busy: Mapping[int, int], per_target: int, degraded: Collection[int]
+              ) -> list[int]:
+    """The subscriptions at their cap: `per_target` in flight, or 1 when degraded."""
+    return [sid for sid, n in busy.items() if n >= (1 if sid in degraded else per_target)]
+
+
+def saturated_owners(busy_owners: Mapping[str, int], per_owner: int | None) -> list[str]:
+    """The owners with `per_owner` deliveries in flight (none when there is no cap)."""
+    if per_owner is None:
+        return []
+    return [owner for owner, n in busy_owners.items() if n >= per_owner]
+
+
 def claim_params(*, limit: int, per_target: int, busy: Mapping[int, int], lease: float,
                  scan: int, degraded: Collection[int] = (), per_owner: int | None = None,
-                 busy_owners: Mapping[str, int] | None = None) -> dict[str, object]:
+                 busy_owners: Mapping[str, int] | None = None) -> ClaimParams:
     """The parameters of the claim query (see claim())."""
     owners = busy_owners or {}
     return {
@@ -223,5 +235,4 @@ async def release(store: Store, claims: Sequence[Claim]) -> None:
     """Gives back claims that will not be finished: due again now, attempt not counted."""
     if not claims:
         return
-    await store.run("release", {"ids": [c.id for c in claims],
-                                "attempts": [c.attempts for c in claims]})
+    await store.release(ids=[c.id for c in claims], attempts=[c.attempts for c in claims])

@@ -5,9 +5,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from psycopg.rows import class_row
-
 from service.store import Store, StoreRejected
+from service.store.fanout import FanoutParams
 
 log = logging.getLogger("webhooks.fanout")
 
@@ -30,7 +29,7 @@ DEFAULT_MAX_ROW_BYTES = 256 * 1024
 
 
 def fanout_params(limit: int, max_row_bytes: int, careful: bool = False
-                  ) -> dict[str, object]:
+                  ) -> FanoutParams:
     """The parameters of the fanout query."""
     return {"lock_key": FANOUT_LOCK, "limit": limit, "max_row_bytes": max_row_bytes,
             "careful": careful}
@@ -38,8 +37,7 @@ def fanout_params(limit: int, max_row_bytes: int, careful: bool = False
 
 async def _fan_out(store: Store, limit: int, max_row_bytes: int,
                    careful: bool) -> FanoutBatch:
-    row = await store.one("fanout", fanout_params(limit, max_row_bytes, careful),
-                          row=class_row(FanoutBatch))
+    row = await store.fanout(FanoutBatch, **fanout_params(limit, max_row_bytes, careful))
     assert row is not None
     return row
 
@@ -66,8 +64,7 @@ async def fan_out_batch(store: Store, limit: int,
             reason = f"{type(exc.__cause__ or exc).__name__}: {exc}"
             log.warning("fan-out of %d outbox row(s) failed on its data (%s)%s", size, reason,
                         "" if careful else "; retrying change by change")
-    rejected = await store.run("fanout_reject_first",
-                               {"lock_key": FANOUT_LOCK, "reason": reason[:4096]})
+    rejected = await store.reject_first_change(lock_key=FANOUT_LOCK, reason=reason[:4096])
     log.error("a captured statement could not be fanned out and was set aside "
               "(webhooks.rejected_changes): %s", reason)
     return FanoutBatch(locked=True, taken=max(rejected, 0), changes=0, created=0,

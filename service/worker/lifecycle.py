@@ -37,8 +37,8 @@ def interval(settings: Settings) -> float:
 
 async def run_round(store: Store, settings: Settings, metrics: WorkerMetrics) -> int:
     """One round (skipped when another worker runs one); returns the deliveries queued."""
-    rows = await store.all("lifecycle", {"failing_after": settings.failing_after,
-                                         "disable_after": settings.disable_after})
+    rows = await store.lifecycle_round(failing_after=settings.failing_after,
+                                       disable_after=settings.disable_after)
     queued = 0
     for row in rows:
         event = row["event"]

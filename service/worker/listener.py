@@ -64,7 +64,7 @@ class Listener:
                 keepalives=1, keepalives_idle=30, keepalives_interval=10, keepalives_count=3,
             )
             async with conn:
-                await Session(conn).run("listen")
+                await Session(conn).listen()
                 self.pid = conn.info.backend_pid
                 self.connections += 1
                 self.connected.set()

@@ -3,8 +3,9 @@
 One loop per process does the database work (fan-out, claims); each claimed delivery is
 sent by its own task (attempts.py), and a Recorder writes finished attempts in batches.
 Shutdown stops claiming, lets in-flight attempts finish within the grace period and gives
-the rest back. The parts: wakeup.py (when to look at the outbox), slots.py (who holds the
-slots), supervise.py (side tasks that crash), pruning.py (retention).
+the rest back. The parts: wakeup.py (when to look at the outbox), pacing.py (when to
+claim, and how much), slots.py (who holds the slots), supervise.py (side tasks that
+crash), pruning.py (retention).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import socket
 from collections.abc import AsyncIterator
 
 import aiohttp
-from psycopg.rows import class_row
 from psycopg_pool import AsyncConnectionPool
 
 from service.availability import wait_for_database
@@ -36,16 +36,15 @@ from service.worker.lifecycle import interval as lifecycle_interval
 from service.worker.lifecycle import run_round as lifecycle_round
 from service.worker.listener import Listener
 from service.worker.metrics import WorkerMetrics, WorkerStats
+from service.worker.pacing import MIN_WAIT, Pacing
 from service.worker.pruning import prune_loop
 from service.worker.recorder import Recorder
 from service.worker.slots import Slots
 from service.worker.supervise import RESTART_MAX, Supervisor
-from service.worker.wakeup import RECHECK_MIN, Step, Wakeup
+from service.worker.wakeup import Step, Wakeup
 
 log = logging.getLogger("webhooks.worker")
 
-# Shortest sleep when work is due but could not be claimed (locked by another worker).
-MIN_WAIT = 0.01
 # An attempt in flight this long (or a quarter of the delivery timeout, if less) marks its
 # subscription slow: one attempt in flight at a time until one succeeds.
 SLOW_AFTER = 1.0
@@ -76,6 +75,7 @@ class Worker:
                            batch_size=settings.batch_size,
                            slow_after=min(SLOW_AFTER, settings.delivery_timeout / 4))
         self.concurrency, self.per_owner = self.slots.concurrency, self.slots.per_owner
+        self.pacing = Pacing(self.slots, lease=settings.lease, scan=settings.batch_size)
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._recorder = Recorder(store, on_written=self._recorded)
@@ -87,17 +87,6 @@ class Worker:
         self._main: asyncio.Task[None] | None = None
         # Loop time of the next failure-lifecycle round (lifecycle.py).
         self._lifecycle_at = 0.0
-        # Claims cost a round trip, so the loop claims only when one may find something: a
-        # notification or a fan-out came, the last claim was full, a slot freed while
-        # caps held deliveries back, or the earliest known due time (`_due_at`) passed.
-        self._claim_due = True
-        self._due_at = 0.0
-        self._held_back = False
-        # While caps hold work back, a claim waits for this many freed slots (a quarter of
-        # what was in flight), or RECHECK_MIN: a claim round trip serves several slots.
-        self._freed = 0
-        self._claim_batch = 1
-        self._claim_view: tuple[dict[int, int], dict[str, int]] = ({}, {})
         self._unanalysed = 0  # deliveries fanned out since the last analyze_current
         self._analyzed_at = float("-inf")
         self._analyzing: asyncio.Task[None] | None = None
@@ -121,16 +110,12 @@ class Worker:
     def wake(self) -> None:
         """Makes the loop look for work (outbox included) now."""
         self.wakeup.notified()
-        self._claim_due = True
+        self.pacing.ask()
         self._wake.set()
 
     def _slot_freed(self) -> None:
-        """An attempt is over: a claim may find what the caps held back, once enough
-        slots are free for it to be worth a round trip."""
-        self._freed += 1
-        if self._held_back and self._freed >= self._claim_batch:
-            self._claim_due = True
-        if self._claim_due:
+        """An attempt is over: the loop wakes when pacing says a claim is due."""
+        if self.pacing.slot_freed():
             self._wake.set()
 
     def _recorded(self, outcomes: list[Outcome]) -> None:
@@ -138,8 +123,7 @@ class Worker:
         shortest of their delays."""
         delays = [o.retry_in for o in outcomes if o.outcome == "pending"]
         if delays:
-            self._due_at = min(self._due_at,
-                               asyncio.get_running_loop().time() + max(min(delays), 0.0))
+            self.pacing.retry_due(asyncio.get_running_loop().time() + max(min(delays), 0.0))
             self._wake.set()
 
     async def run(self) -> None:
@@ -207,35 +191,25 @@ class Worker:
             await self._fan_out()
             # Whatever made the outbox due (a commit, an API action's NOTIFY, the poll
             # interval) may have made deliveries due too.
-            self._claim_due = True
+            self.pacing.ask()
         if loop.time() >= self._lifecycle_at:
             self._lifecycle_at = loop.time() + lifecycle_interval(self.settings)
             await lifecycle_round(self.store, self.settings, self.metrics)
-            self._claim_due = True
+            self.pacing.ask()
         now = loop.time()
         self.slots.mark_slow(now)
         until_fanout = max(self.wakeup.until_fanout(now), MIN_WAIT)
-        if not self._claim_due and now < self._due_at:
-            return min(self._due_at - now, until_fanout)
+        idle = self.pacing.idle(now)
+        if idle is not None:
+            return min(idle, until_fanout)
         wanted = self.slots.wanted()
         if wanted == 0:
             # Finishing attempts wake us; then claim.
-            self._claim_due = True
+            self.pacing.ask()
             return self.settings.poll_interval
         self.stats.round_trips += 1
-        claims = await delivery.claim_with(self.store, self._claim_params(wanted))
+        claims = await delivery.claim_with(self.store, self.pacing.claim_params(wanted))
         return await self._start(claims, wanted, now, until_fanout)
-
-    def _claim_params(self, wanted: int) -> dict[str, object]:
-        # What the query sees in flight: a short claim may have stopped at a cap that the
-        # attempts finishing during its round trip have freed since (see _start).
-        self._claim_view = self.slots.view()
-        # The adaptive caps go in as shifted counts (slots.py): one query shape for all.
-        return delivery.claim_params(
-            limit=wanted, per_target=self.slots.initial, busy=self.slots.claim_busy(),
-            lease=self.settings.lease, scan=self.settings.batch_size,
-            degraded=self.slots.degraded, per_owner=self.slots.per_owner,
-            busy_owners=self.slots.claim_busy_owners())
 
     async def _start(self, claims: list[Claim], wanted: int, now: float,
                      until_fanout: float) -> float:
@@ -243,28 +217,13 @@ class Worker:
         (asking when the next delivery is due when the claim found nothing)."""
         for c in claims:
             self._attempts.start(c)
-        if len(claims) >= wanted:
-            self._claim_due = True  # a full claim: more may be due
-            return 0.0
-        # Everything claimable was claimed: until something changes, only the earliest
-        # pending delivery of a subscription and owner below their caps brings work.
-        saturated, saturated_owners = self.slots.saturated(), self.slots.saturated_owners()
-        self._claim_due = False
-        self._held_back = bool(saturated or saturated_owners
-                               or self.slots.capped(self._claim_view, claims))
-        self._freed, self._claim_batch = 0, max(1, len(self.slots.inflight) // 4)
-        if claims:
-            # Busy: what comes next is mostly freed slots, notifications and own retries,
-            # each of which asks for a claim. Look again shortly rather than ask now when
-            # the rest is due; an empty claim then asks (one round trip saved per claim).
-            self._due_at = now + RECHECK_MIN
-            return min(self._due_at - now, until_fanout)
-        self.stats.round_trips += 1
-        row = await self.store.one("next_due", {"saturated": saturated,
-                                                "saturated_owners": saturated_owners})
-        due = row["wait"] if row else None
-        self._due_at = now + max(due, MIN_WAIT) if due is not None else float("inf")
-        return min(self._due_at - now, until_fanout)
+        wait = self.pacing.claimed(claims, wanted, now)
+        if wait is None:
+            self.stats.round_trips += 1
+            due = await self.store.next_due(saturated=self.slots.saturated(),
+                                            saturated_owners=self.slots.saturated_owners())
+            wait = self.pacing.next_due(due, now)
+        return min(wait, until_fanout)
 
     async def _fan_out_and_claim(self) -> float | None:
         """One fan-out batch and the claim of what is due, in one round trip and one
@@ -279,10 +238,10 @@ class Worker:
             return None
         self.stats.round_trips += 1
         try:
-            batches, rows = await self.store.pipelined(
-                ("fanout", fanout_params(self.settings.batch_size, self.settings.max_row_bytes),
-                 class_row(FanoutBatch)),
-                ("claim", self._claim_params(wanted), class_row(Claim)))
+            batches, rows = await self.store.fanout_and_claim(
+                FanoutBatch, Claim,
+                fanout=fanout_params(self.settings.batch_size, self.settings.max_row_bytes),
+                claim=self.pacing.claim_params(wanted))
         except StoreRejected as exc:
             if exc.data_error:
                 return None
@@ -326,7 +285,7 @@ class Worker:
     async def _analyze(self) -> None:
         """Analyses the deliveries partitions being filled (see analyze_current)."""
         try:
-            await self.store.run("analyze_current")
+            await self.store.analyze_current()
         except StoreError as exc:
             log.warning("could not analyse the queue after a burst: %s", exc)
 

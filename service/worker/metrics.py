@@ -11,7 +11,6 @@ import logging
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from psycopg.rows import tuple_row
 
 from service.store import Store, StoreError
 
@@ -82,7 +81,7 @@ class WorkerMetrics:
 
     async def refresh(self, store: Store) -> None:
         """Reads the queue gauges from the database."""
-        row = await store.one("metrics_gauges", row=tuple_row)
+        row = await store.metrics_gauges()
         if row is not None:
             due, oldest, outbox, lag = row
             self.due.set(due)

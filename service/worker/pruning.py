@@ -14,8 +14,6 @@ import asyncio
 import logging
 from typing import Any
 
-from psycopg import sql
-
 from service.store import Session, Store, StoreError
 
 log = logging.getLogger("webhooks.worker")
@@ -33,38 +31,35 @@ PRUNE_LOCK = 7315600212945527044
 async def prune(store: Store, retention: float) -> int:
     """Creates the partitions ahead, drops those past retention and deletes old crash
     records; returns how many partitions were dropped."""
-    await store.one("partitions_ensure", {"ahead": PARTITIONS_AHEAD})
-    await store.run("prune_worker_tasks", {"retention": retention})
+    await store.ensure_partitions(ahead=PARTITIONS_AHEAD)
+    await store.prune_worker_tasks(retention=retention)
     dropped = 0
     async with store.session() as s:
-        row = await s.one("partitions_lock", {"key": PRUNE_LOCK})
-        if not row["locked"]:
+        if not await s.lock_partitions(key=PRUNE_LOCK):
             return 0
         try:
-            await s.one("partitions_close_orphans")
-            await s.execute(sql.SQL("SET lock_timeout = {}").format(LOCK_TIMEOUT))
-            for part in await s.all("partitions_expired", {"retention": retention}):
+            await s.close_orphan_partitions()
+            await s.set_lock_timeout(LOCK_TIMEOUT)
+            for part in await s.expired_partitions(retention=retention):
                 if not await _drop(s, part, retention):
                     break
                 dropped += 1
         finally:
-            await s.execute(sql.SQL("RESET lock_timeout"))
-            await s.one("partitions_unlock", {"key": PRUNE_LOCK})
+            await s.reset_lock_timeout()
+            await s.unlock_partitions(key=PRUNE_LOCK)
     return dropped
 
 
 async def _drop(s: Session, part: dict[str, Any], retention: float) -> bool:
     """Detaches, checks and drops one partition; False when it is kept."""
-    parent = sql.Identifier("webhooks", part["parent"])
-    table = sql.Identifier("webhooks", part["partition"])
-    how = sql.SQL("FINALIZE" if part["detach_pending"] else "CONCURRENTLY")
-    await s.execute(sql.SQL("ALTER TABLE {} DETACH PARTITION {} {}").format(parent, table, how))
-    if part["parent"] == "deliveries":
-        check = await s.one("partitions_keep_detached", {**part, "retention": retention})
-        if check["kept"]:
-            log.info("retention: kept %s, a delivery in it was requeued", part["partition"])
-            return False
-    await s.execute(sql.SQL("DROP TABLE {}").format(table))
+    await s.detach_partition(parent=part["parent"], partition=part["partition"],
+                             finalize=bool(part["detach_pending"]))
+    if part["parent"] == "deliveries" and await s.keep_detached(
+            partition=part["partition"], lower_bound=part["lower_bound"],
+            upper_bound=part["upper_bound"], retention=retention):
+        log.info("retention: kept %s, a delivery in it was requeued", part["partition"])
+        return False
+    await s.drop_partition(partition=part["partition"])
     log.info("retention: dropped %s", part["partition"])
     return True
 

@@ -21,20 +21,20 @@ async def record(store: Store, outcomes: Sequence[Outcome]) -> None:
     Error texts (a target's bytes, library messages) pass pg_text() here, the one place
     where text bound for Postgres is made storable.
     """
-    params = {"batch": json.dumps([
+    batch = json.dumps([
         [o.claim.id, o.claim.attempts, o.claim.subscription_id, o.status, o.outcome,
          o.retry_in, o.attempted_at.timestamp(), o.duration_ms, pg_text(o.error),
          o.claim.created_at.isoformat() if o.claim.created_at else None]
-        for o in outcomes])}
+        for o in outcomes])
     gone = sorted({o.claim.subscription_id for o in outcomes
                    if classify(o.status) is Answer.GONE})
     if not gone:
         # One statement, atomic by itself: one round trip, not BEGIN and COMMIT around it.
-        await store.run("record", params)
+        await store.record(batch=batch)
         return
     async with store.transaction() as s:
-        await s.run("record", params)
-        await s.run("stop_gone", {"subscription_ids": gone})
+        await s.record(batch=batch)
+        await s.stop_gone(subscription_ids=gone)
 
 
 def unreachable(exc: BaseException) -> bool:

@@ -19,14 +19,12 @@ subscriptions and owners, so one slow target or owner never blocks the queue of 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from service.outcomes import Answer, classify
-
-if TYPE_CHECKING:
-    from service.worker.delivery import Claim
+from service.worker.delivery import Claim
 
 Key = TypeVar("Key", int, str)
 
@@ -70,19 +68,6 @@ class Window:
         """Trouble: half the window, and growth by one per window from there."""
         self.size = max(1.0, self.size / 2.0)
         self.threshold = self.size
-
-
-def saturated(busy: Mapping[int, int], per_target: int, degraded: Collection[int]
-              ) -> list[int]:
-    """The subscriptions at their cap: `per_target` in flight, or 1 when degraded."""
-    return [sid for sid, n in busy.items() if n >= (1 if sid in degraded else per_target)]
-
-
-def saturated_owners(busy_owners: Mapping[str, int], per_owner: int | None) -> list[str]:
-    """The owners with `per_owner` deliveries in flight (none when there is no cap)."""
-    if per_owner is None:
-        return []
-    return [owner for owner, n in busy_owners.items() if n >= per_owner]
 
 
 def _decrement(counts: dict[Key, int], key: Key) -> None:

@@ -71,9 +71,8 @@ class Supervisor:
         error = pg_text(redact(f"{type(exc).__name__}: {exc}"))
         try:
             async with asyncio.timeout(HEALTH_WRITE_TIMEOUT):
-                await self.store.run("task_crashed", {
-                    "worker": self.name, "task": task, "restarts": restarts,
-                    "error": error})
+                await self.store.task_crashed(worker=self.name, task=task,
+                                              restarts=restarts, error=error)
         except Exception as write_error:
             # The database may be what failed; the log line and the metric remain.
             log.warning("could not record the crash of task %s in webhooks.worker_tasks: %s",

@@ -128,7 +128,7 @@ class Wakeup:
 
     async def _arm(self, store: Store, now: float) -> None:
         pid = self.listener.pid
-        await store.run("wakeup_arm", {"pid": pid, "old_pid": self.armed_pid})
+        await store.arm_wakeup(pid=pid, old_pid=self.armed_pid)
         self.armed_pid, self.armed_at = pid, now
         self.outbox_due = True  # check once more: a commit may have raced the arming
 
@@ -137,7 +137,7 @@ class Wakeup:
         if self.armed_pid is None:
             return
         try:
-            await store.run("wakeup_disarm", {"pid": self.armed_pid})
+            await store.disarm_wakeup(pid=self.armed_pid)
         except StoreError as exc:
             log.warning("could not remove the wakeup row: %s", exc)
         self.armed_pid = self.armed_at = None

@@ -138,7 +138,7 @@ async def test_retry_after_is_honoured(db_url: str, conn: psycopg.Connection,
 async def test_hanging_target_does_not_delay_a_healthy_one(
         db_url: str, conn: psycopg.Connection, receiver: Receiver) -> None:
     async with hanging_receiver() as (hanging, release):
-        # Two owners: one owner's subscriptions share a cap too (tests/test_owner_caps.py).
+        # Two owners: one owner's subscriptions share a cap too (tests/e2e/test_owner_caps.py).
         subscribe(conn, hanging.url, owner="hanging")
         subscribe(conn, receiver.url, owner="healthy")
         async with running_worker(db_url, concurrency=4, per_target_concurrency=2,

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-CHECKOUT = Path(__file__).resolve().parent.parent
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

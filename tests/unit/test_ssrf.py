@@ -1,4 +1,5 @@
-"""The SSRF guard: URL rules, forbidden addresses, and the client refusing at connect time."""
+"""The SSRF guard: URL rules, forbidden addresses, the resolver and the client's refusals
+(tests/e2e/test_ssrf_client.py sends to a receiver)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from service.ssrf import (
     check_url,
     forbidden_reason,
 )
-from tests.support.receivers import Receiver
 
 
 @pytest.mark.parametrize(("url", "fragment"), [
@@ -103,26 +103,6 @@ async def test_resolver_refuses_forbidden_answers() -> None:
             await resolver.resolve("localhost", 80)
     finally:
         await resolver.close()
-
-
-async def test_client_refuses_at_connect_time() -> None:
-    async with Receiver() as receiver, \
-            make_client(allow_private=False, timeout=1.0) as guarded, \
-            make_client(allow_private=True, timeout=1.0) as open_client:
-        port = receiver.url.split(":")[2].split("/")[0]
-        for url in (receiver.url, f"http://localhost:{port}/hook",
-                    f"http://[::ffff:127.0.0.1]:{port}/"):
-            with pytest.raises(httpx.ConnectError) as info:
-                await guarded.post(url)
-            assert "loopback" in str(info.value), str(info.value)
-        # aiohttp refuses the decimal form of an address outright.
-        with pytest.raises(httpx.TransportError):
-            await guarded.post(f"http://2130706433:{port}/")
-        with pytest.raises(httpx.UnsupportedProtocol):
-            await guarded.get("ftp://example.com/")
-        assert receiver.received == []
-        assert (await open_client.post(receiver.url)).status_code == 200
-        assert len(receiver.received) == 1
 
 
 async def test_refused_connection_is_a_connect_error_not_a_timeout() -> None:

@@ -75,7 +75,7 @@ def test_a_fresh_install_is_the_committed_dump(empty_db: str) -> None:
     major, committed = committed_dump()
     if major != pg_dump_major():
         pytest.skip(f"sql/schema.dump.sql was made with pg_dump {major}, this is "
-                    f"pg_dump {pg_dump_major()}: tests/test_upgrade.py still compares "
+                    f"pg_dump {pg_dump_major()}: tests/e2e/test_upgrade.py still compares "
                     "upgraded databases with a fresh install")
     assert dump_schema(empty_db) == committed, \
         "the schema changed: run `make schema-dump` and commit sql/schema.dump.sql"

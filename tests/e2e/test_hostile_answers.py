@@ -216,7 +216,7 @@ async def test_a_batch_that_fails_is_split_and_the_rest_recorded(
 
 
 # Retry-After values (raw bytes) that once raised outside the attempt's error handling;
-# tests/test_retry.py tries many more malformed ones against the parser.
+# tests/unit/test_retry.py tries many more malformed ones against the parser.
 BAD_RETRY_AFTER: list[bytes] = [
     "\u00b2".encode(),  # a superscript two: a digit to str.isdigit(), not to float()
     b"Fri, 31 Dec 99999999999999999999 23:59:59 GMT",  # a year past any C long

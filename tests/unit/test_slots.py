@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 import pytest
 
 from service.outcomes import Answer, classify
-from service.worker.delivery import Claim
-from service.worker.slots import INITIAL_WINDOW, Slots, saturated, saturated_owners
+from service.worker.delivery import Claim, saturated, saturated_owners
+from service.worker.slots import INITIAL_WINDOW, Slots
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 _ids = iter(range(1, 10_000))

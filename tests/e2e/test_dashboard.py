@@ -10,14 +10,11 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
 
 from tests.support.api import Api
 from tests.support.receivers import Receiver, echo_secret, status
@@ -51,25 +48,6 @@ async def test_the_page_and_its_files_are_served_with_a_strict_policy(api: Api) 
 
 
 # --- in the browser ----------------------------------------------------------------------
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Any]:
-    """Headless Debian chromium under Playwright; skipped, saying what to install, without."""
-    executable = shutil.which("chromium")
-    if executable is None:
-        pytest.skip("the dashboard's browser tests need Debian's chromium: "
-                    "apt-get install chromium (make install does it as root)")
-    try:
-        from playwright.async_api import async_playwright
-    except ImportError:
-        pytest.skip("the dashboard's browser tests need playwright: pip install -e '.[test]'")
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(executable_path=executable)
-        try:
-            yield launched
-        finally:
-            await launched.close()
-
 
 def row_of(page: Any, target: str) -> Any:
     """The subscriptions table row of the subscription with this target."""

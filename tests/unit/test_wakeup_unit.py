@@ -96,17 +96,22 @@ def test_the_interval_passing_makes_the_outbox_due() -> None:
 
 
 class FakeStore:
-    """Records the named statements the protocol runs."""
+    """Records the statements the protocol runs, by query name."""
 
     def __init__(self, fail: bool = False) -> None:
         self.calls: list[tuple[str, dict[str, object]]] = []
         self.fail = fail
 
-    async def run(self, name: str, params: dict[str, object]) -> int:
+    async def _run(self, name: str, params: dict[str, object]) -> None:
         if self.fail:
             raise StoreUnavailable("down")
         self.calls.append((name, params))
-        return 1
+
+    async def arm_wakeup(self, *, pid: int | None, old_pid: int | None) -> None:
+        await self._run("wakeup_arm", {"pid": pid, "old_pid": old_pid})
+
+    async def disarm_wakeup(self, *, pid: int) -> None:
+        await self._run("wakeup_disarm", {"pid": pid})
 
 
 async def test_arming_replaces_the_old_pid_and_asks_for_one_more_look() -> None:

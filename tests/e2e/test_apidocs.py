@@ -8,7 +8,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tests.support.api import Api
-from tests.support.browser import browser  # noqa: F401  (fixture)
 
 
 async def test_the_docs_and_their_files_come_from_this_origin(api: Api) -> None:
@@ -32,7 +31,7 @@ async def test_the_root_points_to_the_dashboard_and_the_docs(api: Api) -> None:
     assert 'href="/dashboard"' in page.text and 'href="/schema"' in page.text
 
 
-async def test_the_docs_render_in_a_browser_offline(api: Api, browser: Any) -> None:  # noqa: F811
+async def test_the_docs_render_in_a_browser_offline(api: Api, browser: Any) -> None:
     from playwright.async_api import expect
 
     context = await browser.new_context(viewport={"width": 1280, "height": 800})

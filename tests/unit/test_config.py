@@ -9,7 +9,7 @@ import pytest
 
 from service.config import ConfigError, Settings
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 _ROW = re.compile(r"^\|\s*`([A-Z_]+)`\s*\|([^|]*)\|")
 _CODE = re.compile(r"^`([^`]*)`$")
 

@@ -143,7 +143,7 @@ def test_claim_uses_the_due_index(conn: psycopg.Connection) -> None:
 
 async def test_prune_never_drops_todays_work(pool: AsyncConnectionPool,
                                             conn: psycopg.Connection) -> None:
-    """Retention drops whole days (tests/test_partitions.py); today's finished and pending
+    """Retention drops whole days (tests/db/test_partitions.py); today's finished and pending
     deliveries stay whatever the retention."""
     await queue(pool, conn, 3)
     done, failed, _ = await take(pool, 3)

@@ -4,7 +4,7 @@ upgraded by today's `migrate`: nothing is lost, what waited is delivered, and it
 and capture function are those of a fresh install.
 
 Each release's migrations/ is a prefix of today's: migrations never change once they are
-on main (tests/test_schema.py keeps their checksums), so a database at a release is built
+on main (tests/db/test_schema.py keeps their checksums), so a database at a release is built
 by applying today's files up to that release's last one with yoyo alone, which is what
 that release's `migrate` did (its functions are the ones its migrations defined).
 """
@@ -18,13 +18,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from yoyo import get_backend, read_migrations
-from yoyo.migrations import MigrationList
 
 from service import db
 from tests.conftest import SERVER_URL, _janitor, with_dbname
 from tests.support.receivers import Receiver
-from tests.support.schema import committed_dump, dump_schema, pg_dump_major
+from tests.support.schema import dump_schema, migrate_to
 from tests.support.worker import running_worker
 
 # The last migration of each earlier release of main (the commit that ended each round of
@@ -57,19 +55,6 @@ def new_db() -> Iterator[str]:
         yield with_dbname(SERVER_URL, name)
     finally:
         janitor.drop()
-
-
-def migrate_to(url: str, last: str) -> None:
-    """Applies the numbered migrations up to `last` with yoyo alone, as an earlier release's
-    `migrate` did."""
-    backend = get_backend(db.yoyo_url(url))
-    try:
-        wanted = MigrationList(m for m in read_migrations(str(db.MIGRATIONS_DIR))
-                               if m.id <= last)
-        with backend.lock():
-            backend.apply_migrations(backend.to_apply(wanted))
-    finally:
-        backend.connection.close()
 
 
 def counts(conn: psycopg.Connection[Any]) -> dict[str, Any]:
@@ -149,13 +134,3 @@ async def test_an_earlier_release_upgrades_to_today(release: str, empty_db: str,
                      for b in (json.loads(r.body) for r in receiver.deliveries()))
         assert got == [("item.create", 1), ("item.create", 2), ("item.create", 3),
                        ("item.create", 9), ("item.update", 1)]
-
-
-def test_a_fresh_install_is_the_committed_dump(empty_db: str) -> None:
-    db.migrate(empty_db)
-    major, committed = committed_dump()
-    if major != pg_dump_major():
-        pytest.skip(f"sql/schema.dump.sql was made with pg_dump {major}, this is "
-                    f"pg_dump {pg_dump_major()}: the upgrade tests still compare schemas")
-    assert dump_schema(empty_db) == committed, \
-        "the schema changed: run `make schema-dump` and commit sql/schema.dump.sql"

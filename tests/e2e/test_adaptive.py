@@ -1,6 +1,6 @@
 """Adaptive per-target concurrency against real receivers: a fast target gets more in
 flight than a slow one, and a lone owner whose targets answer fast is not held to half
-of the worker's slots (tests/test_owner_caps.py keeps the isolation side)."""
+of the worker's slots (tests/e2e/test_owner_caps.py keeps the isolation side)."""
 
 from __future__ import annotations
 

@@ -12,13 +12,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from yoyo import get_backend, read_migrations
-from yoyo.migrations import MigrationList
 
 from service import db
 from service.store import Store
 from service.worker import pruning
 from service.worker.pruning import prune
+from tests.support.schema import migrate_to
 from tests.support.worker import open_pool
 
 DAY = 86400.0
@@ -296,17 +295,6 @@ def test_claim_list_and_recover_use_their_indexes(seeded: psycopg.Connection) ->
 
 
 # --- migration 0005 on a populated database ---------------------------------------------
-
-def migrate_to(url: str, last: str) -> None:
-    backend = get_backend(db.yoyo_url(url))
-    try:
-        wanted = MigrationList(m for m in read_migrations(str(db.MIGRATIONS_DIR))
-                               if m.id <= last)
-        with backend.lock():
-            backend.apply_migrations(backend.to_apply(wanted))
-    finally:
-        backend.connection.close()
-
 
 def test_migration_0005_keeps_a_million_deliveries(empty_db: str) -> None:
     migrate_to(empty_db, "0004.failure-lifecycle")

@@ -14,9 +14,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from service.store import Store
 from service.worker.fanout import drain_outbox
+from tests.db.test_capture import outbox
 from tests.support.subscriptions import subscribe, subscribe_to
 from tests.support.worker import open_pool
-from tests.test_capture import outbox
 
 
 @pytest.fixture

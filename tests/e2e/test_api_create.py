@@ -13,9 +13,9 @@ from aiohttp import web
 from service import store
 from service.config import Settings
 from service.crypto import SecretBox, new_key
+from tests.e2e.test_handshake import closed_port
 from tests.support.api import Api, api_for, assert_error, serving
 from tests.support.receivers import Received, Receiver, echo_secret, status
-from tests.test_handshake import closed_port
 
 pytestmark = pytest.mark.api_settings(verify_timeout=0.5)
 

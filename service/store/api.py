@@ -1,0 +1,97 @@
+"""The REST API's subscription queries (sql/queries/api.sql). Every subscription query is
+scoped by owner, and by tenant when the token has one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg.rows import tuple_row
+
+from service.store.base import AsyncQueries
+
+
+class ApiQueries(AsyncQueries):
+    """Subscriptions, events and health, as the API asks for them."""
+
+    async def ping(self) -> None:
+        """Runs `SELECT 1`: the database answers."""
+        await self._run("api_ping")
+
+    async def resource_events(self, *, resource: str) -> list[tuple[Any, ...]]:
+        """The resource's registry: (event, public, own noun) rows."""
+        return await self._all("api_resource_events", {"resource": resource}, row=tuple_row)
+
+    async def public_resources(self) -> list[tuple[Any, ...]]:
+        """The resources that can be subscribed to, as (name,) rows."""
+        return await self._all("api_public_resources", row=tuple_row)
+
+    async def event_columns(self, *, resource: str, events: list[str]
+                            ) -> list[dict[str, Any]]:
+        """For each event, whether it sends a row and the columns it may send."""
+        return await self._all("api_event_columns", {"resource": resource, "events": events})
+
+    async def own_noun(self, *, resource: str) -> dict[str, Any] | None:
+        """The noun of the table attached as the resource ({"noun"}), if any."""
+        return await self._one("api_own_noun", {"resource": resource})
+
+    async def hook_events(self) -> list[dict[str, Any]]:
+        """Every public event ({"resource", "event"}), by resource and name."""
+        return await self._all("api_hook_events")
+
+    async def lock_owner(self, *, owner: str) -> None:
+        """Serialises the owner's creations until the transaction ends."""
+        await self._run("api_owner_lock", {"owner": owner})
+
+    async def count_subscriptions(self, *, owner: str) -> int:
+        """How many subscriptions the owner has."""
+        (count,) = await self._one("api_subscription_count", {"owner": owner}, row=tuple_row)
+        return int(count)
+
+    async def insert_subscription(self, *, owner: str, tenant: str | None, resource: str,
+                                  events: list[str], target: str, secret: str, max: int,
+                                  filter: Any, filter_path: str | None, ordering: str
+                                  ) -> dict[str, Any] | None:
+        """The new subscription ({"id", "doc"}), or None when the owner has `max`."""
+        return await self._one("api_subscription_insert", {
+            "owner": owner, "tenant": tenant, "resource": resource, "events": events,
+            "target": target, "secret": secret, "max": max, "filter": filter,
+            "filter_path": filter_path, "ordering": ordering})
+
+    async def list_subscriptions(self, *, owner: str, tenant: str | None,
+                                 resource: str | None, active: bool | None, after: int,
+                                 limit: int) -> list[tuple[Any, ...]]:
+        """A page of the caller's subscriptions as (id, JSON document) rows, oldest first."""
+        return await self._all("api_subscription_list", {
+            "owner": owner, "tenant": tenant, "resource": resource, "active": active,
+            "after": after, "limit": limit}, row=tuple_row)
+
+    async def get_subscription(self, *, id: int, owner: str, tenant: str | None
+                               ) -> str | None:
+        """The subscription's JSON document, or None when it is not the caller's."""
+        rows = await self._all("api_subscription_get",
+                               {"id": id, "owner": owner, "tenant": tenant}, row=tuple_row)
+        return rows[0][0] if rows else None
+
+    async def lock_subscription(self, *, id: int, owner: str, tenant: str | None
+                                ) -> dict[str, Any] | None:
+        """The subscription's row, locked until the transaction ends, or None."""
+        return await self._one("api_subscription_lock",
+                               {"id": id, "owner": owner, "tenant": tenant})
+
+    async def set_subscription_active(self, *, id: int, owner: str, tenant: str | None,
+                                      active: bool) -> dict[str, Any] | None:
+        """Sets `active`; the subscription ({"id", "doc"}), or None when not found."""
+        return await self._one("api_subscription_set_active",
+                               {"id": id, "owner": owner, "tenant": tenant, "active": active})
+
+    async def delete_subscription(self, *, id: int, owner: str, tenant: str | None) -> bool:
+        """Deletes the subscription; False when it is not the caller's."""
+        rows = await self._all("api_subscription_delete",
+                               {"id": id, "owner": owner, "tenant": tenant})
+        return bool(rows)
+
+    async def settle_subscription(self, *, id: int, timeout: float) -> bool:
+        """Waits for the open writers of a newly active subscription; False on timeout."""
+        (settled,) = await self._one("api_subscription_settle",
+                                     {"id": id, "timeout": timeout}, row=tuple_row)
+        return bool(settled)

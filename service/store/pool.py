@@ -1,0 +1,134 @@
+"""Session (one connection) and Store (a pool) with every async area's methods, and the
+pool they run on."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import AsyncRowFactory, class_row, dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from service.db import conninfo, query
+from service.store.api import ApiQueries
+from service.store.backfill import BackfillQueries
+from service.store.base import Params
+from service.store.deliveries import DeliveryQueries
+from service.store.errors import translated
+from service.store.fanout import FanoutParams, FanoutQueries
+from service.store.lifecycle import LifecycleQueries
+from service.store.status import StatusQueries
+from service.store.tokens import TokenQueries
+from service.store.worker import ClaimParams, ConnectionQueries, WorkerQueries
+
+Batch = TypeVar("Batch")
+Claimed = TypeVar("Claimed")
+
+
+class Queries(ApiQueries, DeliveryQueries, LifecycleQueries, BackfillQueries, FanoutQueries,
+              WorkerQueries, StatusQueries, TokenQueries):
+    """Every area's methods that may run on a connection of their own."""
+
+
+class Session(Queries, ConnectionQueries):
+    """The named queries on one connection (inside `Store.transaction`, one transaction)."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self._conn = conn
+
+    async def _one(self, name: str, params: Params = None,
+                   row: AsyncRowFactory[Any] = dict_row) -> Any:
+        with translated():
+            cur = self._conn.cursor(row_factory=row)
+            await cur.execute(query(name), params)
+            return await cur.fetchone()
+
+    async def _all(self, name: str, params: Params = None,
+                   row: AsyncRowFactory[Any] = dict_row) -> list[Any]:
+        with translated():
+            cur = self._conn.cursor(row_factory=row)
+            await cur.execute(query(name), params)
+            return await cur.fetchall()
+
+    async def _run(self, name: str, params: Params = None) -> int:
+        with translated():
+            cur = await self._conn.execute(query(name), params)
+            return cur.rowcount
+
+    async def _execute(self, statement: sql.Composed | sql.SQL) -> None:
+        with translated():
+            await self._conn.execute(statement)
+
+
+class Store(Queries):
+    """The named queries of the service over one connection pool; each method call takes
+    a connection of its own (session() and transaction() share one)."""
+
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self.pool = pool
+
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator[Session]:
+        """One pooled connection, each statement its own transaction (autocommit)."""
+        with translated():
+            async with self.pool.connection() as conn:
+                yield Session(conn)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Session]:
+        """One pooled connection and one transaction, committed when the block ends."""
+        with translated():
+            async with self.pool.connection() as conn, conn.transaction():
+                yield Session(conn)
+
+    async def _one(self, name: str, params: Params = None,
+                   row: AsyncRowFactory[Any] = dict_row) -> Any:
+        async with self.session() as s:
+            return await s._one(name, params, row)
+
+    async def _all(self, name: str, params: Params = None,
+                   row: AsyncRowFactory[Any] = dict_row) -> list[Any]:
+        async with self.session() as s:
+            return await s._all(name, params, row)
+
+    async def _run(self, name: str, params: Params = None) -> int:
+        async with self.session() as s:
+            return await s._run(name, params)
+
+    async def fanout_and_claim(self, batch: type[Batch], claimed: type[Claimed], *,
+                               fanout: FanoutParams, claim: ClaimParams
+                               ) -> tuple[list[Batch], list[Claimed]]:
+        """A fan-out statement and a claim sent together: one round trip and one
+        transaction, so the claim sees what the fan-out made. An error in either raises,
+        and neither is committed."""
+        with translated():
+            async with self.pool.connection() as conn, conn.pipeline() as pipe:
+                first = conn.cursor(row_factory=class_row(batch))
+                await first.execute(query("fanout"), fanout)
+                second = conn.cursor(row_factory=class_row(claimed))
+                await second.execute(query("claim"), claim)
+                await pipe.sync()
+                return await first.fetchall(), await second.fetchall()
+
+
+def make_pool(url: str, *, min_size: int = 1, max_size: int = 10, name: str = "webhooks",
+              timeout: float = 30.0) -> AsyncConnectionPool:
+    """An unopened async pool; the caller opens it (`await pool.open(wait=True)`) and closes it.
+
+    Connections are not checked at every checkout: that costs a round trip per query on
+    the hot paths. A connection that died (a server restart) fails its next query, is
+    discarded by the pool, and the caller's error handling applies: the worker retries,
+    the API answers 503 for that request.
+    """
+    return AsyncConnectionPool(
+        conninfo(url),
+        min_size=min_size,
+        max_size=max_size,
+        open=False,
+        name=name,
+        timeout=timeout,
+        kwargs={"autocommit": True, "application_name": f"webhooks-{name}"},
+    )

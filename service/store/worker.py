@@ -1,0 +1,155 @@
+"""The worker's queries (sql/queries/worker.sql): claim, record and release deliveries, the
+wakeup row, crash records, failure lifecycle rounds and the queue's partitions."""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict, TypeVar
+
+from psycopg import sql
+from psycopg.rows import class_row
+
+from service.store.base import AsyncQueries
+
+Claimed = TypeVar("Claimed")
+
+
+class ClaimParams(TypedDict):
+    """The parameters of the claim query (service.worker.delivery.claim_params)."""
+
+    limit: int
+    scan: int
+    per_target: int
+    per_owner: int
+    lease: float
+    busy_ids: list[int]
+    busy_counts: list[int]
+    saturated: list[int]
+    degraded: list[int]
+    owner_names: list[str]
+    owner_counts: list[int]
+    saturated_owners: list[str]
+
+
+class WorkerQueries(AsyncQueries):
+    """What the worker's loop and its side tasks run, each on a connection of its own."""
+
+    async def claim(self, into: type[Claimed], *, limit: int, scan: int, per_target: int,
+                    per_owner: int, lease: float, busy_ids: list[int],
+                    busy_counts: list[int], saturated: list[int], degraded: list[int],
+                    owner_names: list[str], owner_counts: list[int],
+                    saturated_owners: list[str]) -> list[Claimed]:
+        """Leases up to `limit` due deliveries below their caps, as `into` (unordered)."""
+        return await self._all("claim", {
+            "limit": limit, "scan": scan, "per_target": per_target, "per_owner": per_owner,
+            "lease": lease, "busy_ids": busy_ids, "busy_counts": busy_counts,
+            "saturated": saturated, "degraded": degraded, "owner_names": owner_names,
+            "owner_counts": owner_counts, "saturated_owners": saturated_owners},
+            row=class_row(into))
+
+    async def next_due(self, *, saturated: list[int], saturated_owners: list[str]
+                       ) -> float | None:
+        """Seconds until the next claimable delivery is due; None when none is pending."""
+        row = await self._one("next_due", {"saturated": saturated,
+                                           "saturated_owners": saturated_owners})
+        return row["wait"] if row else None
+
+    async def record(self, *, batch: str) -> None:
+        """Writes a JSON batch of finished attempts and their deliveries' new state."""
+        await self._run("record", {"batch": batch})
+
+    async def stop_gone(self, *, subscription_ids: list[int]) -> None:
+        """Deactivates the subscriptions whose targets answered that they are gone."""
+        await self._run("stop_gone", {"subscription_ids": subscription_ids})
+
+    async def release(self, *, ids: list[int], attempts: list[int]) -> None:
+        """Gives claimed deliveries back, due now, their attempt not counted."""
+        await self._run("release", {"ids": ids, "attempts": attempts})
+
+    async def ensure_partitions(self, *, ahead: int) -> None:
+        """Creates the queue's partitions up to `ahead` days from today."""
+        await self._one("partitions_ensure", {"ahead": ahead})
+
+    async def prune_worker_tasks(self, *, retention: float) -> None:
+        """Deletes the crash records older than `retention` seconds."""
+        await self._run("prune_worker_tasks", {"retention": retention})
+
+    async def analyze_current(self) -> None:
+        """Analyses the deliveries partitions being filled."""
+        await self._run("analyze_current")
+
+    async def arm_wakeup(self, *, pid: int | None, old_pid: int | None) -> None:
+        """Asks for a NOTIFY to the listener `pid` (replacing `old_pid`'s row)."""
+        await self._run("wakeup_arm", {"pid": pid, "old_pid": old_pid})
+
+    async def disarm_wakeup(self, *, pid: int) -> None:
+        """Removes the listener's wakeup row."""
+        await self._run("wakeup_disarm", {"pid": pid})
+
+    async def task_crashed(self, *, worker: str, task: str, restarts: int,
+                           error: str | None) -> None:
+        """Records a crash of a worker's task in webhooks.worker_tasks."""
+        await self._run("task_crashed", {"worker": worker, "task": task,
+                                         "restarts": restarts, "error": error})
+
+    async def lifecycle_round(self, *, failing_after: float, disable_after: float
+                              ) -> list[dict[str, Any]]:
+        """One failure-lifecycle round: the subscriptions it moved and what it queued."""
+        return await self._all("lifecycle", {"failing_after": failing_after,
+                                             "disable_after": disable_after})
+
+
+class ConnectionQueries(AsyncQueries):
+    """Statements whose effect stays on their connection (a LISTEN, a session lock or
+    setting): only a Session, which keeps one connection, has them."""
+
+    async def _execute(self, statement: sql.Composed | sql.SQL) -> None:
+        """Runs a statement composed with psycopg.sql (DDL that names relations)."""
+        raise NotImplementedError
+
+    async def listen(self) -> None:
+        """LISTENs on the service's channel."""
+        await self._run("listen")
+
+    async def lock_partitions(self, *, key: int) -> bool:
+        """Takes the pruner's session lock; False when another pruner holds it."""
+        row = await self._one("partitions_lock", {"key": key})
+        return bool(row["locked"])
+
+    async def unlock_partitions(self, *, key: int) -> None:
+        """Releases the pruner's session lock."""
+        await self._one("partitions_unlock", {"key": key})
+
+    async def close_orphan_partitions(self) -> None:
+        """Finishes the detaches an interrupted pruner left pending."""
+        await self._one("partitions_close_orphans")
+
+    async def expired_partitions(self, *, retention: float) -> list[dict[str, Any]]:
+        """The partitions past retention ({"parent", "partition", bounds, "detach_pending"})."""
+        return await self._all("partitions_expired", {"retention": retention})
+
+    async def keep_detached(self, *, partition: str, lower_bound: str, upper_bound: str,
+                            retention: float) -> bool:
+        """Moves back a detached deliveries partition's requeued deliveries; whether any."""
+        row = await self._one("partitions_keep_detached", {
+            "partition": partition, "lower_bound": lower_bound, "upper_bound": upper_bound,
+            "retention": retention})
+        return bool(row["kept"])
+
+    async def set_lock_timeout(self, timeout: str) -> None:
+        """Bounds the wait for a lock by the connection's next statements."""
+        await self._execute(sql.SQL("SET lock_timeout = {}").format(timeout))
+
+    async def reset_lock_timeout(self) -> None:
+        """Lifts the bound set by set_lock_timeout."""
+        await self._execute(sql.SQL("RESET lock_timeout"))
+
+    async def detach_partition(self, *, parent: str, partition: str, finalize: bool) -> None:
+        """Detaches a queue partition (concurrently, or finalizing a pending detach)."""
+        how = sql.SQL("FINALIZE" if finalize else "CONCURRENTLY")
+        await self._execute(sql.SQL("ALTER TABLE {} DETACH PARTITION {} {}").format(
+            sql.Identifier("webhooks", parent), sql.Identifier("webhooks", partition), how))
+
+    async def drop_partition(self, *, partition: str) -> None:
+        """Drops a detached queue partition."""
+        await self._execute(sql.SQL("DROP TABLE {}").format(
+            sql.Identifier("webhooks", partition)))

@@ -1,0 +1,99 @@
+"""When the worker's loop claims, and how much it asks for.
+
+Claims cost a round trip, so the loop claims only when one may find something: a
+notification or a fan-out came, the last claim was full, a slot freed while caps held
+deliveries back, or the earliest known due time passed. While caps hold work back, a
+claim waits for a quarter of what was in flight to free (or RECHECK_MIN): one claim round
+trip serves several slots. Pacing does no I/O: the loop runs the claims and the
+`next_due` query it asks for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from service.store.worker import ClaimParams
+from service.worker import delivery
+from service.worker.delivery import Claim
+from service.worker.slots import Slots
+from service.worker.wakeup import RECHECK_MIN
+
+# Shortest sleep when work is due but could not be claimed (locked by another worker).
+MIN_WAIT = 0.01
+
+
+class Pacing:
+    """Whether a claim is due, its parameters, and how long to wait after it."""
+
+    def __init__(self, slots: Slots, *, lease: float, scan: int) -> None:
+        self.slots = slots
+        self.lease = lease
+        self.scan = scan
+        self.claim_due = True
+        self.due_at = 0.0  # loop time of the earliest known due delivery
+        self.held_back = False
+        self.freed = 0
+        self.claim_batch = 1
+        self.view: tuple[dict[int, int], dict[str, int]] = ({}, {})
+
+    def ask(self) -> None:
+        """Something may have made deliveries claimable (a notification, a fan-out, a
+        lifecycle round, no free slot to claim with yet): claim at the next step."""
+        self.claim_due = True
+
+    def slot_freed(self) -> bool:
+        """An attempt is over: a claim may find what the caps held back, once enough
+        slots are free for it to be worth a round trip. Whether the loop should wake."""
+        self.freed += 1
+        if self.held_back and self.freed >= self.claim_batch:
+            self.claim_due = True
+        return self.claim_due
+
+    def retry_due(self, at: float) -> None:
+        """A retry was written, due at loop time `at`."""
+        self.due_at = min(self.due_at, at)
+
+    def idle(self, now: float) -> float | None:
+        """How long until a claim is worth it, or None when it is now."""
+        if not self.claim_due and now < self.due_at:
+            return self.due_at - now
+        return None
+
+    def claim_params(self, wanted: int) -> ClaimParams:
+        """The claim's parameters for `wanted` deliveries, noting what is in flight."""
+        # What the query sees in flight: a short claim may have stopped at a cap that the
+        # attempts finishing during its round trip have freed since (see claimed).
+        self.view = self.slots.view()
+        # The adaptive caps go in as shifted counts (slots.py): one query shape for all.
+        return delivery.claim_params(
+            limit=wanted, per_target=self.slots.initial, busy=self.slots.claim_busy(),
+            lease=self.lease, scan=self.scan, degraded=self.slots.degraded,
+            per_owner=self.slots.per_owner, busy_owners=self.slots.claim_busy_owners())
+
+    def claimed(self, claims: Collection[Claim], wanted: int, now: float) -> float | None:
+        """After a claim that asked for `wanted` (its attempts started): how long to wait,
+        or None when the claim found nothing and the loop should ask when the next
+        delivery is due (then next_due)."""
+        if len(claims) >= wanted:
+            self.claim_due = True  # a full claim: more may be due
+            return 0.0
+        # Everything claimable was claimed: until something changes, only the earliest
+        # pending delivery of a subscription and owner below their caps brings work.
+        saturated, saturated_owners = self.slots.saturated(), self.slots.saturated_owners()
+        self.claim_due = False
+        self.held_back = bool(saturated or saturated_owners
+                              or self.slots.capped(self.view, claims))
+        self.freed, self.claim_batch = 0, max(1, len(self.slots.inflight) // 4)
+        if claims:
+            # Busy: what comes next is mostly freed slots, notifications and own retries,
+            # each of which asks for a claim. Look again shortly rather than ask now when
+            # the rest is due; an empty claim then asks (one round trip saved per claim).
+            self.due_at = now + RECHECK_MIN
+            return self.due_at - now
+        return None
+
+    def next_due(self, due: float | None, now: float) -> float:
+        """The next delivery is due in `due` seconds (None: none is pending); how long
+        to wait."""
+        self.due_at = now + max(due, MIN_WAIT) if due is not None else float("inf")
+        return self.due_at - now
