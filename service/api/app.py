@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import httpx
 from litestar import Litestar, Response, Router, get
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
+from prometheus_client import CollectorRegistry
 
 from service import __version__
 from service.api import backfills, dashboard, deliveries, lifecycle
@@ -106,9 +107,11 @@ async def readyz(store: StoreDep) -> Response[dict[str, str]]:
 
 # --- the app ------------------------------------------------------------------------
 
-def create_app(settings: Settings, pool: Pool | None = None) -> Litestar:
-    """The API app; opens (and closes) its own pool unless `pool` is given."""
-    metrics = ApiMetrics()
+def create_app(settings: Settings, pool: Pool | None = None,
+               other_metrics: Sequence[CollectorRegistry] = ()) -> Litestar:
+    """The API app; opens (and closes) its own pool unless `pool` is given. GET /metrics
+    shows its own metrics and those of `other_metrics` (a worker in the same process)."""
+    metrics = ApiMetrics(other_metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:

@@ -10,6 +10,7 @@ token, secret or target URL.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -42,8 +43,9 @@ REQUEST_LABELS = ("method", "path", "status_code", "app_name")
 class ApiMetrics:
     """One app's registry: the request metrics (filled by the middleware) and handshakes."""
 
-    def __init__(self) -> None:
+    def __init__(self, others: Sequence[CollectorRegistry] = ()) -> None:
         self.registry = CollectorRegistry()
+        self.others = tuple(others)
         self.handshakes = Counter("webhooks_handshakes", "Verification handshakes by outcome "
                                   f"({', '.join(HANDSHAKE_OUTCOMES)})", ["outcome"],
                                   registry=self.registry)
@@ -122,5 +124,6 @@ class MetricsController(PrometheusController):
     @get(include_in_schema=False, sync_to_thread=False)
     def get(self, request: Request[Any, Any, Any]) -> Response[bytes]:
         metrics: ApiMetrics = request.app.state.metrics
-        return Response(generate_latest(metrics.registry), status_code=200,
-                        media_type=CONTENT_TYPE_LATEST)
+        # Under `webhooks run` the worker of the same process adds its registry.
+        body = b"".join(generate_latest(r) for r in (metrics.registry, *metrics.others))
+        return Response(body, status_code=200, media_type=CONTENT_TYPE_LATEST)

@@ -6,10 +6,11 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Coroutine, Generator
+from collections.abc import Coroutine, Generator, Sequence
 from typing import Any, TypeVar
 
 import uvicorn
+from prometheus_client import CollectorRegistry
 
 from service.config import Settings
 
@@ -49,11 +50,13 @@ def stop_on_signals(stop: asyncio.Event) -> None:
         loop.add_signal_handler(sig, handle, sig)
 
 
-async def serve_api(settings: Settings, host: str, port: int, stop: asyncio.Event) -> None:
+async def serve_api(settings: Settings, host: str, port: int, stop: asyncio.Event,
+                    other_metrics: Sequence[CollectorRegistry] = ()) -> None:
     """Serves the REST API until `stop` is set, then finishes open requests and returns."""
     from service.api.app import create_app
 
-    config = uvicorn.Config(create_app(settings), host=host, port=port, log_config=None,
+    config = uvicorn.Config(create_app(settings, other_metrics=other_metrics), host=host,
+                            port=port, log_config=None,
                             access_log=False, lifespan="on", timeout_graceful_shutdown=10)
     server = _Server(config)
     task = asyncio.create_task(server.serve())
@@ -77,14 +80,18 @@ async def run_all(settings: Settings, host: str, port: int, concurrency: int,
                   stop: asyncio.Event | None = None) -> None:
     """`webhooks run`: the API and a worker in one process; either failing stops both."""
     from service.worker.loop import run_worker
+    from service.worker.metrics import WorkerMetrics
 
     if stop is None:
         stop = asyncio.Event()
         stop_on_signals(stop)
+    # One /metrics for the process: the API's series and the worker's.
+    worker_metrics = WorkerMetrics()
     tasks = [
-        asyncio.create_task(serve_api(settings, host, port, stop), name="api"),
-        asyncio.create_task(run_worker(settings, concurrency=concurrency, stop=stop),
-                            name="worker"),
+        asyncio.create_task(serve_api(settings, host, port, stop,
+                                      other_metrics=[worker_metrics.registry]), name="api"),
+        asyncio.create_task(run_worker(settings, concurrency=concurrency, stop=stop,
+                                       metrics=worker_metrics), name="worker"),
     ]
     await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     stop.set()

@@ -61,11 +61,11 @@ class Worker:
     """Delivers webhooks with the given store and HTTP session until stop() is called."""
 
     def __init__(self, settings: Settings, store: Store, session: aiohttp.ClientSession, *,
-                 concurrency: int) -> None:
+                 concurrency: int, metrics: WorkerMetrics | None = None) -> None:
         self.settings = settings
         self.store = store
         self.stats = WorkerStats()
-        self.metrics = WorkerMetrics()
+        self.metrics = metrics or WorkerMetrics()
         # Names this worker in webhooks.worker_tasks (several may run in one process).
         self.name = f"{socket.gethostname()}:{os.getpid()}:{next(_worker_numbers)}"
         self.supervisor = Supervisor(store, self.name, self.metrics)
@@ -309,7 +309,8 @@ class Worker:
 
 
 @contextlib.asynccontextmanager
-async def open_worker(settings: Settings, *, concurrency: int) -> AsyncIterator[Worker]:
+async def open_worker(settings: Settings, *, concurrency: int,
+                      metrics: WorkerMetrics | None = None) -> AsyncIterator[Worker]:
     """A started Worker with its own pool and HTTP session, all closed on exit."""
     pool = make_pool(settings.database_url, min_size=2,
                      max_size=max(2, settings.pool_size), name="worker")
@@ -320,7 +321,8 @@ async def open_worker(settings: Settings, *, concurrency: int) -> AsyncIterator[
                                dns_timeout=settings.dns_timeout,
                                dns_servers=settings.dns_servers)
         try:
-            worker = Worker(settings, Store(pool), session, concurrency=concurrency)
+            worker = Worker(settings, Store(pool), session, concurrency=concurrency,
+                            metrics=metrics)
             worker.start()
             try:
                 yield worker
@@ -333,9 +335,11 @@ async def open_worker(settings: Settings, *, concurrency: int) -> AsyncIterator[
 
 
 async def run_worker(settings: Settings, *, concurrency: int, metrics_port: int | None = None,
-                     metrics_host: str = "127.0.0.1", stop: asyncio.Event | None = None
-                     ) -> None:
-    """Delivers until SIGTERM/SIGINT (or `stop` is set), then shuts down cleanly."""
+                     metrics_host: str = "127.0.0.1", stop: asyncio.Event | None = None,
+                     metrics: WorkerMetrics | None = None) -> None:
+    """Delivers until SIGTERM/SIGINT (or `stop` is set), then shuts down cleanly. Its
+    metrics are served on `metrics_port`, or kept up to date in `metrics` for another
+    server to show (`webhooks run`: the API's /metrics)."""
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
     if stop is None:
@@ -346,12 +350,13 @@ async def run_worker(settings: Settings, *, concurrency: int, metrics_port: int 
     try:
         if not await wait_for_database(settings.database_url, stop):
             return
-        async with open_worker(settings, concurrency=concurrency) as worker:
+        async with open_worker(settings, concurrency=concurrency, metrics=metrics) as worker:
             refresher = None
             if metrics_port is not None:
                 worker.metrics.serve(metrics_port, metrics_host)
-                refresher = asyncio.create_task(worker.metrics.refresh_loop(worker.store))
                 log.info("metrics on http://%s:%d/metrics", metrics_host, metrics_port)
+            if metrics_port is not None or metrics is not None:
+                refresher = asyncio.create_task(worker.metrics.refresh_loop(worker.store))
             await stop.wait()
             if refresher is not None:
                 refresher.cancel()
