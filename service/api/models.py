@@ -130,6 +130,24 @@ def string_field(body: dict[str, Any], name: str) -> str:
     return value
 
 
+def events_field(body: dict[str, Any]) -> str:
+    """`events` as the comma-separated text the registry parses: a string
+    ("invoice.create,invoice.update") or an array of strings (["invoice.create", ...])."""
+    value = body["events"]
+    if not isinstance(value, list):
+        if not isinstance(value, str):
+            raise ApiError(400, "field 'events' must be a string or an array of strings, "
+                                f"not {json_type(value)}")
+        return string_field(body, "events")
+    for item in value:
+        if not isinstance(item, str):
+            raise ApiError(400, "field 'events' must be an array of strings; it holds "
+                                f"{json_type(item)}")
+        if "," in item or "\x00" in item:
+            raise ApiError(400, f"field 'events': each item names one event, not {shown(item)}")
+    return ",".join(value)
+
+
 def bool_field(body: dict[str, Any], name: str) -> bool:
     """The field as a JSON boolean (1 and "true" are not booleans)."""
     value = body[name]
@@ -235,6 +253,12 @@ def check_unchanged(body: dict[str, Any], current: Subscription, names: list[str
 
 # OpenAPI: the request bodies are parsed by hand above, so their schemas are declared here.
 _STRING = Schema(type=OpenAPIType.STRING)
+EVENTS_SCHEMA = Schema(
+    one_of=[Schema(type=OpenAPIType.STRING),
+            Schema(type=OpenAPIType.ARRAY, items=Schema(type=OpenAPIType.STRING), min_items=1)],
+    description="event names, comma-separated or as an array: full (invoice.create), bare "
+                "verbs of the resource's own noun (create), destroy as an alias of delete",
+    examples=["invoice.create,payment.create", ["invoice.create", "payment.create"]])
 CREATE_SCHEMA = Schema(
     title="CreateSubscription",
     type=OpenAPIType.OBJECT,
@@ -243,11 +267,7 @@ CREATE_SCHEMA = Schema(
     properties={
         "resource": Schema(type=OpenAPIType.STRING, description="a resource of /hook_events",
                            examples=["invoices"]),
-        "events": Schema(type=OpenAPIType.STRING,
-                         description="comma-separated event names: full (invoice.create), "
-                                     "bare verbs of the resource's own noun (create), "
-                                     "destroy as an alias of delete",
-                         examples=["invoice.create,payment.create"]),
+        "events": EVENTS_SCHEMA,
         "target": Schema(type=OpenAPIType.STRING,
                          description="http(s) URL that answers the verification POST with "
                                      "200 and the same X-Hook-Secret header",
@@ -275,7 +295,7 @@ UPDATE_SCHEMA = Schema(
         "active": Schema(type=OpenAPIType.BOOLEAN),
         "id": Schema(type=OpenAPIType.INTEGER),
         "resource": _STRING,
-        "events": _STRING,
+        "events": EVENTS_SCHEMA,
         "target": _STRING,
         "last_status": Schema(one_of=[Schema(type=OpenAPIType.INTEGER),
                                       Schema(type=OpenAPIType.NULL)]),

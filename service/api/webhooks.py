@@ -32,6 +32,7 @@ from service.api.models import (
     check_fields,
     check_single,
     check_unchanged,
+    events_field,
     parse_active,
     parse_after,
     parse_id,
@@ -182,7 +183,8 @@ async def create_webhook(
     """Validates resource, events and target, verifies the target, stores the subscription."""
     body = parse_object(await request.body())
     check_fields(body, CREATE_FIELDS + CREATE_OPTIONAL, CREATE_FIELDS)
-    resource, text, target = (string_field(body, name) for name in CREATE_FIELDS)
+    resource, target = string_field(body, "resource"), string_field(body, "target")
+    text = events_field(body)
     ordering = body.get("ordering", "unordered")
     if ordering not in ORDERINGS:
         raise ApiError(400, f"field 'ordering' must be one of {', '.join(ORDERINGS)}, not "
@@ -253,7 +255,7 @@ async def update_webhook(
     body = parse_object(await request.body())
     check_fields(body, UPDATE_FIELDS, ("active",))
     active = bool_field(body, "active")
-    text = string_field(body, "events") if "events" in body else None
+    text = events_field(body) if "events" in body else None
     async with store.transaction() as s:
         row = await s.lock_subscription(id=number, owner=principal.owner,
                                         tenant=principal.tenant)
