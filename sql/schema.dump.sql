@@ -1070,17 +1070,17 @@ END
 $$;
 
 CREATE FUNCTION webhooks.on_alter_table() RETURNS event_trigger
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     v_table regclass;
 BEGIN
     FOR v_table IN
-        SELECT DISTINCT a.table_oid
-          FROM pg_event_trigger_ddl_commands() c
-          JOIN webhooks.attachments a ON a.table_oid = c.objid
-         WHERE c.classid = 'pg_class'::regclass
+        SELECT a.table_oid FROM webhooks.attachments a
+         WHERE a.table_oid = ANY (ARRAY(SELECT c.objid::regclass
+                                           FROM pg_event_trigger_ddl_commands() c
+                                          WHERE c.classid = 'pg_class'::regclass))
     LOOP
         PERFORM webhooks.install_capture(v_table);
     END LOOP;
@@ -1088,7 +1088,7 @@ END
 $$;
 
 CREATE FUNCTION webhooks.on_drop() RETURNS event_trigger
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
@@ -1096,9 +1096,10 @@ DECLARE
 BEGIN
     FOR v_id IN
         DELETE FROM webhooks.attachments a
-         USING pg_event_trigger_dropped_objects() d
-         WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0
-           AND d.objid = a.table_oid::oid
+         WHERE a.table_oid = ANY (ARRAY(SELECT d.objid::regclass
+                                           FROM pg_event_trigger_dropped_objects() d
+                                          WHERE d.classid = 'pg_class'::regclass
+                                            AND d.objsubid = 0))
         RETURNING a.id
     LOOP
         EXECUTE format('DROP FUNCTION IF EXISTS webhooks.%I()', 'capture_' || v_id);

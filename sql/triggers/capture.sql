@@ -438,16 +438,26 @@ COMMENT ON FUNCTION webhooks.attach(regclass, text, text, text, text, text, text
 -- Keeping attachments true to their tables. ALTER TABLE of an attached table rewrites its
 -- capture function (new columns are sent, unless `columns` limits them) and refuses to
 -- rename or drop a column the attachment names; DROP TABLE detaches.
+--
+-- Event triggers fire for every role's DDL, on every table, and run as the role doing it,
+-- which has no rights on this schema: so both functions are SECURITY DEFINER (as the
+-- service's role, which owns them). A role's DDL that touches no attached table costs one
+-- lookup of webhooks.attachments by primary key per table it names, and nothing else.
+-- What they run with the service's rights is this schema's own code only, on attached
+-- tables only (install_capture reads the catalog and writes the capture function; it calls
+-- no function, cast or operator a table's owner can define), and they cannot be called but
+-- by the event triggers themselves (an event_trigger function is not callable, and EXECUTE
+-- is not granted anyway).
 CREATE OR REPLACE FUNCTION webhooks.on_alter_table() RETURNS event_trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_table regclass;
 BEGIN
     FOR v_table IN
-        SELECT DISTINCT a.table_oid
-          FROM pg_event_trigger_ddl_commands() c
-          JOIN webhooks.attachments a ON a.table_oid = c.objid
-         WHERE c.classid = 'pg_class'::regclass
+        SELECT a.table_oid FROM webhooks.attachments a
+         WHERE a.table_oid = ANY (ARRAY(SELECT c.objid::regclass
+                                           FROM pg_event_trigger_ddl_commands() c
+                                          WHERE c.classid = 'pg_class'::regclass))
     LOOP
         PERFORM webhooks.install_capture(v_table);
     END LOOP;
@@ -455,15 +465,16 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION webhooks.on_drop() RETURNS event_trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_id bigint;
 BEGIN
     FOR v_id IN
         DELETE FROM webhooks.attachments a
-         USING pg_event_trigger_dropped_objects() d
-         WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0
-           AND d.objid = a.table_oid::oid
+         WHERE a.table_oid = ANY (ARRAY(SELECT d.objid::regclass
+                                           FROM pg_event_trigger_dropped_objects() d
+                                          WHERE d.classid = 'pg_class'::regclass
+                                            AND d.objsubid = 0))
         RETURNING a.id
     LOOP
         EXECUTE format('DROP FUNCTION IF EXISTS webhooks.%I()', 'capture_' || v_id);
