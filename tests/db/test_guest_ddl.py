@@ -16,7 +16,7 @@ from psycopg import sql
 
 from service import db
 from tests.support.subscriptions import subscribe_to
-from tests.test_capture import outbox
+from tests.db.test_capture import outbox
 
 
 def create_role(conn: psycopg.Connection, prefix: str) -> str:
