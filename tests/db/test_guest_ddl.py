@@ -15,8 +15,8 @@ import pytest
 from psycopg import sql
 
 from service import db
-from tests.support.subscriptions import subscribe_to
 from tests.db.test_capture import outbox
+from tests.support.subscriptions import subscribe_to
 
 
 def create_role(conn: psycopg.Connection, prefix: str) -> str:
