@@ -187,6 +187,8 @@ class Settings:
     max_row_bytes: int = setting("WEBHOOKS_MAX_ROW_BYTES", whole, 256 * 1024)
     # How many snapshot deliveries a backfill may queue ahead of its target's deliveries.
     backfill_ahead: int = setting("WEBHOOKS_BACKFILL_AHEAD", whole, 5000)
+    # How many backfills one owner may run at once (more are refused with a 409).
+    max_backfills_per_owner: int = setting("WEBHOOKS_MAX_BACKFILLS_PER_OWNER", whole, 3)
     # API limits: each refused with a clear {"error"} and nothing changed.
     max_body_bytes: int = setting("WEBHOOKS_MAX_BODY_BYTES", whole, 65536)
     max_subscriptions_per_owner: int = setting(

@@ -315,15 +315,24 @@ DECLARE
     v_gate_at timestamptz;
     v_done boolean;
 BEGIN
+    -- Fair between owners: the ready backfill of the owner served longest ago (by the
+    -- latest batch of any of its running backfills; never served first), then its
+    -- backfill served longest ago. An owner's twentieth backfill waits its turn behind
+    -- other owners' first ones, not the other way round.
     SELECT x.* INTO b FROM webhooks.backfills x
+      JOIN webhooks.subscriptions o ON o.id = x.subscription_id
      WHERE x.status = 'running'
        AND (cardinality(x.gate_ids) < greatest(ahead, 1)
             OR NOT EXISTS (SELECT 1 FROM webhooks.deliveries d
                             WHERE d.id = x.gate_ids[1] AND d.created_at = x.gate_times[1]
                               AND d.status = 'pending'))
-     ORDER BY x.id
+     ORDER BY (SELECT max(y.updated_at) FROM webhooks.backfills y
+                 JOIN webhooks.subscriptions z ON z.id = y.subscription_id
+                WHERE z.owner = o.owner AND y.status = 'running' AND y.batches > 0)
+              ASC NULLS FIRST,
+              x.batches > 0, x.updated_at, x.id
      LIMIT 1
-       FOR UPDATE SKIP LOCKED;
+       FOR UPDATE OF x SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN;
     END IF;
@@ -1281,7 +1290,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION webhooks.start_backfill(subscription_id bigint) RETURNS bigint
+CREATE FUNCTION webhooks.start_backfill(subscription_id bigint, max_per_owner integer DEFAULT NULL::integer) RETURNS bigint
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -1307,6 +1316,17 @@ BEGIN
     IF FOUND THEN
         RAISE EXCEPTION 'backfill % of webhook % is still running', v_running, s.id
               USING ERRCODE = 'object_in_use';
+    END IF;
+    IF max_per_owner IS NOT NULL THEN
+        -- Starts of one owner are counted one at a time, so two at once cannot both pass.
+        PERFORM pg_advisory_xact_lock(hashtext('webhooks.start_backfill'), hashtext(s.owner));
+        IF (SELECT count(*) FROM webhooks.backfills b
+              JOIN webhooks.subscriptions x ON x.id = b.subscription_id
+             WHERE x.owner = s.owner AND b.status = 'running') >= max_per_owner THEN
+            RAISE EXCEPTION '% backfills of this owner are running, the most at once; start '
+                            'this one when one of them is done', max_per_owner
+                  USING ERRCODE = 'program_limit_exceeded';
+        END IF;
     END IF;
     INSERT INTO webhooks.backfills (subscription_id) VALUES (s.id) RETURNING id INTO v_id;
     FOR a IN
@@ -1818,7 +1838,7 @@ REVOKE ALL ON FUNCTION webhooks.row_sql(a webhooks.attachments) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.settle_subscription(subscription_id bigint, timeout interval) FROM PUBLIC;
 
-REVOKE ALL ON FUNCTION webhooks.start_backfill(subscription_id bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION webhooks.start_backfill(subscription_id bigint, max_per_owner integer) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.subscription_activated() FROM PUBLIC;
 

@@ -20,24 +20,26 @@ from litestar.params import Parameter
 from service.api.deliveries import _subscription
 from service.api.errors import ApiError, error_responses
 from service.api.models import parse_id, parse_limit, parse_object, shown
+from service.config import Settings
 from service.store import Store, StoreRejected
 from service.tokens import Principal
 
 StoreDep = NamedDependency[Store]
 PrincipalDep = NamedDependency[Principal]
+SettingsDep = NamedDependency[Settings]
 
 IdPath = Annotated[str, Parameter(description="subscription id (integer)")]
 BackfillPath = Annotated[str, Parameter(description="backfill id (integer)")]
 
 # SQLSTATEs of sql/backfill.sql: unknown subscription, inactive, one running, nothing to
-# backfill or a table that cannot be.
-UNKNOWN, INACTIVE, RUNNING, INVALID = "P0002", "55000", "55006", "22023"
+# backfill or a table that cannot be, the owner's limit of running backfills.
+UNKNOWN, INACTIVE, RUNNING, INVALID, LIMIT = "P0002", "55000", "55006", "22023", "54000"
 _ERRORS = (400, 401, 404, 405, 413, 429, 503)
 _DOCS = {
     400: "the body is not {}, the subscription has no events of an attached table, or a "
          "table cannot be backfilled (its id column's type is not built into PostgreSQL)",
-    409: "the subscription is inactive (activate it first), or a backfill of it is still "
-         "running",
+    409: "the subscription is inactive (activate it first), a backfill of it is still "
+         "running, or its owner already runs WEBHOOKS_MAX_BACKFILLS_PER_OWNER backfills",
 }
 
 
@@ -103,18 +105,21 @@ def _decode(text: str) -> Backfill:
       operation_class=BackfillOperation, response_description="the backfill, running",
       responses=error_responses(*_ERRORS, 409, docs=_DOCS))
 async def start_backfill(webhook_id: IdPath, request: Request[Any, Any, Any],
-                         principal: PrincipalDep, store: StoreDep) -> BackfillStarted:
+                         principal: PrincipalDep, store: StoreDep,
+                         settings: SettingsDep) -> BackfillStarted:
     """Starts delivering every current row of the attached tables whose events the
     subscription has, as `<noun>.snapshot` events in id order, with the subscription's
     tenant scope, excluded columns and filter; follow it with GET .../backfills/{id}.
-    409 while the subscription is inactive or a backfill of it is running."""
+    409 while the subscription is inactive, a backfill of it is running, or its owner
+    runs as many backfills as it may (WEBHOOKS_MAX_BACKFILLS_PER_OWNER)."""
     sub = await _subscription(store, webhook_id, principal)
     body = parse_object(await request.body())
     for name in body:
         raise ApiError(400, f"unknown field {shown(name)}: a backfill takes no options, "
                             "send {}")
     try:
-        row = await store.start_backfill(subscription_id=sub["id"])
+        row = await store.start_backfill(subscription_id=sub["id"],
+                                         max_per_owner=settings.max_backfills_per_owner)
     except StoreRejected as exc:
         if exc.sqlstate == INACTIVE:
             raise ApiError(409, f"webhook {sub['id']} is inactive; activate it with PUT "
@@ -123,6 +128,8 @@ async def start_backfill(webhook_id: IdPath, request: Request[Any, Any, Any],
         if exc.sqlstate == RUNNING:
             raise ApiError(409, f"{_message(exc)}; follow it with GET "
                                 f"/api/v1/webhooks/{sub['id']}/backfills") from None
+        if exc.sqlstate == LIMIT:
+            raise ApiError(409, f"{_message(exc)} (WEBHOOKS_MAX_BACKFILLS_PER_OWNER)") from None
         if exc.sqlstate == INVALID:
             raise ApiError(400, _message(exc)) from None
         if exc.sqlstate == UNKNOWN:

@@ -13,9 +13,12 @@ from service.store.base import AsyncQueries, SyncQueries
 class BackfillQueries(AsyncQueries):
     """A subscription's backfills, and their batches."""
 
-    async def start_backfill(self, *, subscription_id: int) -> dict[str, Any]:
-        """Starts a backfill of the subscription ({"id"}); raises when it cannot."""
-        return await self._one("backfill_start", {"subscription_id": subscription_id})
+    async def start_backfill(self, *, subscription_id: int, max_per_owner: int | None
+                             ) -> dict[str, Any]:
+        """Starts a backfill of the subscription ({"id"}), unless its owner already runs
+        `max_per_owner`; raises when it cannot."""
+        return await self._one("backfill_start", {"subscription_id": subscription_id,
+                                                  "max_per_owner": max_per_owner})
 
     async def get_backfill(self, *, id: int, subscription_id: int) -> dict[str, Any] | None:
         """One backfill of the subscription ({"body"}), or None."""

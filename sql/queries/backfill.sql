@@ -4,8 +4,9 @@
 
 -- name: backfill_start --
 -- sql/backfill.sql: P0002 unknown subscription, 55000 inactive, 55006 one is running,
--- 22023 nothing to backfill or a table that cannot be.
-SELECT webhooks.start_backfill(%(subscription_id)s) AS id
+-- 22023 nothing to backfill or a table that cannot be, 54000 the owner runs as many
+-- backfills as it may.
+SELECT webhooks.start_backfill(%(subscription_id)s, %(max_per_owner)s) AS id
 
 -- name: backfill_get --
 -- One backfill of the subscription, as the API shows it.

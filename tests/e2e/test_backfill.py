@@ -252,7 +252,7 @@ def test_a_batch_and_its_cursor_commit_together(conn: psycopg.Connection, db_url
 
 
 def test_functions_are_not_public(conn: psycopg.Connection) -> None:
-    for function in ("start_backfill(bigint)", "backfill_step(integer, integer, integer)",
+    for function in ("start_backfill(bigint, integer)", "backfill_step(integer, integer, integer)",
                      "backfill_sql(webhooks.attachments, boolean, boolean)",
                      "backfill_problem(webhooks.attachments)",
                      "fail_backfill(bigint, text)", "backfill_json(webhooks.backfills)"):
