@@ -121,6 +121,31 @@ END
 $$;
 
 
+-- The columns an UPDATE's new rows are paired with their old rows on: the table's primary
+-- key if it holds `id_column`, else the unique index holding it with the fewest columns
+-- (then the first by name); NULL when there is none. Only an index that makes those
+-- columns unique at the end of every statement counts: valid, not partial, no expression,
+-- not deferrable. Its columns in index order; INCLUDE columns are not part of it.
+CREATE OR REPLACE FUNCTION webhooks.pairing_key(table_name regclass, id_column text)
+RETURNS text[]
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT (SELECT array_agg(a.attname::text ORDER BY k.n)
+              FROM generate_series(0, i.indnkeyatts - 1) AS k (n)
+              JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[k.n])
+      FROM pg_index i
+      JOIN pg_class x ON x.oid = i.indexrelid
+     WHERE i.indrelid = pairing_key.table_name
+       AND i.indisunique AND i.indisvalid AND i.indimmediate
+       AND i.indpred IS NULL AND i.indexprs IS NULL
+       AND EXISTS (SELECT 1 FROM generate_series(0, i.indnkeyatts - 1) AS k (n)
+                     JOIN pg_attribute a ON a.attrelid = i.indrelid
+                                        AND a.attnum = i.indkey[k.n]
+                    WHERE a.attname = pairing_key.id_column)
+     ORDER BY i.indisprimary DESC, i.indnkeyatts, x.relname
+     LIMIT 1
+$$;
+
+
 -- The text of the capture function of one attachment (see the privilege model above).
 CREATE OR REPLACE FUNCTION webhooks.capture_source(a webhooks.attachments) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
@@ -130,7 +155,23 @@ DECLARE
     v_parts text[];
     v_body text;
     v_tag text := 'capture';
+    v_keys text := '';
+    v_key_list text := '';
+    v_join text := '';
+    v_key text;
+    v_n integer := 0;
 BEGIN
+    -- The pairing key's columns as text (their output functions: built in, or written by
+    -- a superuser), so that the join runs text equality, never an operator of the
+    -- column's type. NULL pairs with nothing: a unique index does not tell such rows apart.
+    FOREACH v_key IN ARRAY coalesce(a.key_columns, ARRAY[a.id_column]) LOOP
+        v_n := v_n + 1;
+        v_keys := v_keys || format(', %s AS k%s', webhooks.column_sql(a.table_oid, v_key, true),
+                                   v_n);
+        v_key_list := v_key_list || format(', x.k%s', v_n);
+        v_join := v_join || CASE WHEN v_n > 1 THEN ' AND ' ELSE '' END
+                  || format('o.k%s OPERATOR(pg_catalog.=) n.k%s', v_n, v_n);
+    END LOOP;
     -- One element per changed row: [resource_id, parent_id, tenant, user, row].
     v_parts := ARRAY[
         webhooks.column_sql(a.table_oid, a.id_column),
@@ -176,20 +217,21 @@ BEGIN
     END IF;
     IF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
         -- Only rows whose captured form really changed, each with the row as it was
-        -- (paired by the id's JSON text; null when the id itself changed):
+        -- (paired on the attachment's key_columns, a merge or hash join: at most one old
+        -- row per new row, never a loop per id; null when a key column changed):
         -- [resource_id, parent_id, tenant, user, row, previous row]. Fan-out names the
         -- changed columns from the two, off the write path.
         SELECT pg_catalog.json_agg(pg_catalog.json_build_array(n.i, n.p, n.t, n.u, n.r, o.r))
           INTO v_rows
-          FROM (SELECT x.*, (x.i)::pg_catalog.text AS k,
+          FROM (SELECT x.*,
                        pg_catalog.json_build_array(x.i, x.p, x.t, x.u, x.r)::pg_catalog.text
                            AS e
-                  FROM (SELECT %13$s FROM changed_rows c OFFSET 0) x) n
-          LEFT JOIN (SELECT x.r, (x.i)::pg_catalog.text AS k,
+                  FROM (SELECT %13$s%17$s FROM changed_rows c OFFSET 0) x) n
+          LEFT JOIN (SELECT x.r%16$s,
                             pg_catalog.json_build_array(x.i, x.p, x.t, x.u, x.r)::pg_catalog.text
                                 AS e
-                       FROM (SELECT %13$s FROM old_rows c OFFSET 0) x) o
-                 ON o.k OPERATOR(pg_catalog.=) n.k
+                       FROM (SELECT %13$s%17$s FROM old_rows c OFFSET 0) x) o
+                 ON %18$s
          WHERE o.e IS NULL OR NOT (o.e OPERATOR(pg_catalog.=) n.e);
         IF v_rows IS NULL THEN
             RETURN NULL;
@@ -218,7 +260,7 @@ $src$,
         a.id, webhooks.probe_lock_class(), hashtext(a.hook_resource), a.noun || '.create',
         a.noun || '.update', a.noun || '.delete', a.hook_resource, v_element, a.resource,
         a.parent_resource, a.include_row, a.tenant_column IS NOT NULL, v_update_element,
-        NULL, a.include_previous);
+        NULL, a.include_previous, v_key_list, v_keys, v_join);
     -- Column names and literals are quoted, but a dollar quote ends at its tag wherever
     -- it appears: pick one the body does not contain.
     WHILE position('$' || v_tag || '$' IN v_body) > 0 LOOP
@@ -239,6 +281,7 @@ DECLARE
     a webhooks.attachments;
     v_column text;
     v_function text;
+    v_key text[];
 BEGIN
     SELECT * INTO a FROM webhooks.attachments x WHERE x.table_oid = install_capture.table_name;
     IF NOT FOUND THEN
@@ -261,6 +304,27 @@ BEGIN
                              'run webhooks.attach again without it first, or webhooks.detach.';
         END IF;
     END LOOP;
+
+    -- The pairing key is found again each time, so that it follows the table: a renamed
+    -- key column, a primary key added to a table attached by an earlier version.
+    v_key := webhooks.pairing_key(a.table_oid, a.id_column);
+    IF v_key IS NULL AND a.key_columns IS NOT NULL THEN
+        RAISE EXCEPTION 'webhooks: table % has no primary key or unique index that holds its '
+                        'id column % any more, and its attachment pairs updated rows by it',
+            a.table_oid, quote_ident(a.id_column)
+            USING ERRCODE = 'invalid_table_definition',
+                  HINT = 'Keep a primary key or a unique index (on columns, not partial, not '
+                         'deferrable) that holds the id column, or run webhooks.detach first.';
+    ELSIF v_key IS NULL THEN
+        -- Attached by an earlier version, which took a table without such a key: its
+        -- updates are paired on the id alone, as they were, until it gets one.
+        RAISE WARNING 'webhooks: table % has no primary key or unique index that holds its id '
+                      'column %: its updates are paired by the id alone',
+            a.table_oid, quote_ident(a.id_column);
+    ELSIF v_key IS DISTINCT FROM a.key_columns THEN
+        UPDATE webhooks.attachments x SET key_columns = v_key WHERE x.id = a.id;
+        a.key_columns := v_key;
+    END IF;
 
     v_function := 'capture_' || a.id;
     EXECUTE webhooks.capture_source(a);
@@ -342,6 +406,7 @@ DECLARE
     v_kind "char";
     v_column text;
     v_other regclass;
+    v_key text[];
 BEGIN
     SELECT c.relkind INTO v_kind FROM pg_class c WHERE c.oid = attach.table_name;
     IF v_kind NOT IN ('r', 'p') THEN
@@ -393,6 +458,16 @@ BEGIN
         END IF;
     END LOOP;
 
+    v_key := webhooks.pairing_key(attach.table_name, attach.id_column);
+    IF v_key IS NULL THEN
+        RAISE EXCEPTION 'webhooks.attach: table % has no primary key or unique index that holds '
+                        'its id column %: updates pair each new row with its old row by one',
+            attach.table_name, quote_ident(attach.id_column)
+            USING ERRCODE = 'invalid_table_definition',
+                  HINT = 'Add a primary key, or a unique index on columns (not partial, not '
+                         'deferrable), that includes the id column.';
+    END IF;
+
     SELECT a.table_oid INTO v_other FROM webhooks.attachments a
      WHERE a.resource = attach.resource AND a.table_oid <> attach.table_name;
     IF FOUND THEN
@@ -416,11 +491,11 @@ BEGIN
     INSERT INTO webhooks.attachments (table_oid, resource, noun, hook_resource, parent_resource,
                                       parent_column, id_column, user_column, tenant_column,
                                       exclude_columns, include_row, public, columns,
-                                      include_previous)
+                                      include_previous, key_columns)
     VALUES (attach.table_name, attach.resource, attach.noun, v_hook_resource,
             attach.parent_resource, attach.parent_column, attach.id_column, attach.user_column,
             attach.tenant_column, coalesce(attach.exclude_columns, '{}'), attach.include_row,
-            attach.public, attach.columns, attach.include_previous);
+            attach.public, attach.columns, attach.include_previous, v_key);
     INSERT INTO webhooks.hook_events (resource, event, public, table_oid)
     SELECT v_hook_resource, attach.noun || '.' || verb, attach.public, attach.table_name
       FROM unnest(ARRAY['create', 'update', 'delete']) AS verb;

@@ -210,15 +210,19 @@ def test_a_service_role_that_is_not_a_superuser_installs_without_event_triggers(
             assert any("not a superuser" in n for n in notices), notices
             assert conn.execute("SELECT count(*) FROM pg_event_trigger").fetchone() == (0,)
             with psycopg.connect(empty_db, user=app, autocommit=True) as as_app:
-                as_app.execute(ITEMS)
+                as_app.execute("CREATE TABLE public.items (tenant_id text, id int, name text,"
+                               " PRIMARY KEY (tenant_id, id))")
                 as_app.execute(sql.SQL("GRANT ALL ON public.items TO {}").format(
                     sql.Identifier(service)))
                 conn.execute("SELECT webhooks.attach('public.items', 'items', 'item', "
-                             "tenant_column => 'tenant_id')")
-                subscribe_to(conn, "items", ["item.create"])
+                             "tenant_column => 'tenant_id', include_previous => true)")
+                subscribe_to(conn, "items", ["item.update"])
                 as_app.execute("ALTER TABLE public.items ADD COLUMN colour text")
-                as_app.execute("INSERT INTO public.items (id, tenant_id) VALUES (1, 'acme')")
-                assert outbox(conn)[-1]["row_data"]["id"] == 1
+                as_app.execute("INSERT INTO public.items VALUES ('a', 1, 'x'), ('b', 1, 'y')")
+                as_app.execute("UPDATE public.items SET name = upper(name)")
+                # Updates pair by the key here too, the service's role owning no event trigger.
+                assert sorted((r["tenant"], r["previous"]["name"]) for r in outbox(conn)) == [
+                    ("a", "x"), ("b", "y")]
                 as_app.execute("DROP TABLE public.items")
     finally:
         with psycopg.connect(empty_db, autocommit=True) as conn:
