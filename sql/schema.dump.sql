@@ -603,17 +603,17 @@ $$;
 CREATE FUNCTION webhooks.deliveries_partition_busy(partition text, cutoff timestamp with time zone) RETURNS boolean
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
+    AS $_$
 DECLARE
     v_busy boolean;
 BEGIN
     EXECUTE format('SELECT EXISTS (SELECT 1 FROM webhooks.%I WHERE status = ''pending'')'
                    ' OR EXISTS (SELECT 1 FROM webhooks.%I WHERE status <> ''pending'''
-                   ' AND finished_at > %L)', partition, partition, cutoff)
-       INTO v_busy;
+                   ' AND finished_at > $1)', partition, partition)
+       INTO v_busy USING cutoff;
     RETURN v_busy;
 END
-$$;
+$_$;
 
 CREATE FUNCTION webhooks.detach(table_name regclass) RETURNS void
     LANGUAGE plpgsql
@@ -1124,7 +1124,7 @@ SELECT parent.relname::text,
   JOIN pg_namespace n ON n.oid = parent.relnamespace
   JOIN pg_class child ON child.oid = i.inhrelid
  CROSS JOIN LATERAL regexp_match(pg_get_expr(child.relpartbound, child.oid),
-                                 '^FOR VALUES FROM \((.+)\) TO \((.+)\)$') AS b
+                                 '^FOR VALUES FROM [(](.+)[)] TO [(](.+)[)]$') AS b
  WHERE n.nspname = 'webhooks'
    AND parent.relname IN ('events', 'deliveries', 'attempts')
 $_$;
