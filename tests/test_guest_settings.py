@@ -28,7 +28,7 @@ from service.worker import pruning
 from service.worker.pruning import prune
 from tests.support.api import serving
 from tests.support.receivers import Receiver
-from tests.support.subscriptions import subscribe
+from tests.support.subscriptions import subscribe, subscribe_to
 from tests.support.worker import open_pool, payloads, poll, running_worker
 
 # What a database's owner may have set for everyone: each breaks something the service
@@ -121,7 +121,9 @@ async def test_the_api_and_the_worker_deliver_under_hostile_defaults(
         assert payload["resource"]["number"] == "G-1"
         assert payload["resource"]["customer"] == "Zoë ✓"
         assert payload["resource"]["amount"] == 12.5
+        # The row's timestamp in UTC, whatever the writer's or the database's time zone.
         stamp = payload["resource"]["updated_at"]
+        assert stamp.endswith("+00:00"), stamp
         row = conn.execute("SELECT updated_at FROM invoices WHERE number = 'G-1'").fetchone()
         assert row is not None and datetime.fromisoformat(stamp) == row[0]
         assert payload["event"]["occurred_at"].endswith("Z")
@@ -270,3 +272,54 @@ def test_a_dba_session_sees_the_partitions_as_they_are(
         assert dba.execute("SELECT webhooks.ensure_partitions(now(), now() + interval"
                            " '2 days')").fetchone() == (0,)
         assert dba.execute(count).fetchone() == made
+
+
+# --- capture ---------------------------------------------------------------------------
+
+GADGETS = """
+CREATE TABLE public.gadgets (
+    id     bigint PRIMARY KEY,
+    at     timestamptz,
+    stamps timestamptz[],
+    day    date,
+    span   interval,
+    ratio  float8,
+    small  float4,
+    blob   bytea,
+    price  numeric,
+    period tstzrange
+);
+SELECT webhooks.attach('public.gadgets', resource => 'gadgets', noun => 'gadget');
+"""
+
+GADGET = ("INSERT INTO gadgets VALUES (1, '2026-01-02 03:04:05.123456+00',"
+          " ARRAY['2026-01-02 03:04:05+00'::timestamptz], '2026-01-02',"
+          " '1 day 02:03:04.5', 0.1, 1.1, decode('00ff', 'hex'), 12.50,"
+          " tstzrange('2026-01-02 00:00+00', '2026-01-03 00:00+00'))")
+
+
+def test_capture_makes_the_same_event_whatever_the_writers_settings(
+        db_url: str, conn: psycopg.Connection) -> None:
+    conn.execute(GADGETS)
+    subscribe_to(conn, "gadgets", ["gadget.create"])
+    conn.execute(GADGET)
+    conn.execute("DELETE FROM gadgets")
+    with writer(db_url) as app:
+        app.execute(GADGET)
+        # Inside the application's own transaction, its settings are still its own.
+        app.execute("BEGIN")
+        app.execute("INSERT INTO gadgets (id) VALUES (2)")
+        assert app.execute("SHOW TimeZone").fetchone() == ("Asia/Kolkata",)
+        assert app.execute("SHOW extra_float_digits").fetchone() == ("-15",)
+        app.execute("ROLLBACK")
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute("SELECT rows::text AS rows FROM webhooks.outbox"
+                           " WHERE name = 'gadget.create' ORDER BY id").fetchall()
+    assert len(rows) == 2
+    assert rows[0]["rows"] == rows[1]["rows"]
+    [[_, _, _, _, row]] = json.loads(rows[0]["rows"])
+    assert row == {
+        "id": 1, "at": "2026-01-02T03:04:05.123456+00:00",
+        "stamps": ["2026-01-02T03:04:05+00:00"], "day": "2026-01-02",
+        "span": "1 day 02:03:04.5", "ratio": 0.1, "small": 1.1, "blob": "\\x00ff",
+        "price": 12.50, "period": '["2026-01-02 00:00:00+00","2026-01-03 00:00:00+00")'}
