@@ -61,23 +61,27 @@ WRITER = ("-c DateStyle=SQL,DMY -c TimeZone=Asia/Kolkata -c IntervalStyle=sql_st
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
 
 
-def make_hostile(conn: psycopg.Connection, url: str) -> str:
-    """Sets HOSTILE as the defaults of the database at `url` (new sessions only: `conn`,
-    already open, keeps the server's defaults); returns `url`."""
+def make_hostile(conn: psycopg.Connection, url: str, scope: str = "database") -> str:
+    """Sets HOSTILE as the defaults of the database at `url`, or of the service's role in
+    it (`scope` "role"), for new sessions only (`conn`, already open, keeps the server's
+    defaults); returns `url`."""
     name = urlsplit(url).path.lstrip("/")
+    target = ("ALTER DATABASE {}" if scope == "database"
+              else "ALTER ROLE CURRENT_USER IN DATABASE {}")
     for setting, value in HOSTILE.items():
         # A list is set as identifiers: a literal would name one schema "evil, public".
-        conn.execute(psycopg.sql.SQL("ALTER DATABASE {} SET {} = {}").format(
+        conn.execute(psycopg.sql.SQL(target + " SET {} = {}").format(
             psycopg.sql.Identifier(name), psycopg.sql.Identifier(setting),
             psycopg.sql.SQL(", ").join(map(psycopg.sql.Identifier, value.split(", ")))
             if setting == "search_path" else psycopg.sql.Literal(value)))
     return url
 
 
-@pytest.fixture
-def hostile(db_url: str, conn: psycopg.Connection) -> str:
-    """The test's database (migrated, with the invoices example) with HOSTILE defaults."""
-    return make_hostile(conn, db_url)
+@pytest.fixture(params=["database", "role"])
+def hostile(request: pytest.FixtureRequest, db_url: str, conn: psycopg.Connection) -> str:
+    """The test's database (migrated, with the invoices example) with HOSTILE defaults,
+    set for the database or for the service's role in it."""
+    return make_hostile(conn, db_url, request.param)
 
 
 def writer(url: str) -> psycopg.Connection:
