@@ -9,6 +9,7 @@ from functools import cache
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -87,32 +88,101 @@ def query(name: str) -> str:
     return queries()[name]
 
 
-# Service connections resolve unqualified names in pg_catalog only: every object of the
-# service is schema-qualified, and a function or operator planted in `public` (say a
+# Every connection of the service (API and worker pools, the worker's LISTEN connection,
+# the commands, migrate and yoyo's own) sets these itself, in the startup packet, where
+# they outrank whatever `ALTER DATABASE`/`ALTER ROLE ... SET` says: the service's code
+# reads and writes timestamps, intervals, floats and bytea as text in one format, runs
+# plain read-committed transactions that write, and bounds its own waits.
+#
+# search_path: unqualified names resolve in pg_catalog only. Every object of the service
+# is schema-qualified, and a function or operator planted in `public` (say a
 # `public.nextval(text)`, a better match for an untyped literal than pg_catalog's) can
-# never be picked up by the service's own queries. JIT is off: the fan-out statement's
-# estimated cost crosses jit_above_cost, and compiling it took 1.3 s for a 3 ms query.
-SESSION_OPTIONS = "-c search_path=pg_catalog -c jit=off"
+# never be picked up by the service's own queries.
+# DateStyle, TimeZone, IntervalStyle, extra_float_digits, bytea_output: the formats
+# psycopg parses (it cannot read timestamps in any DateStyle but ISO), and the formats
+# values written as text are read back in (a bound written in Asia/Kolkata's IST reads
+# back as Israel's).
+# client_encoding, standard_conforming_strings, array_nulls, xmloption: how the text of
+# queries, literals and parameters is read (with standard_conforming_strings off, every
+# backslash in a function body that migrate installs would change its meaning).
+# default_transaction_isolation and default_transaction_read_only: the service's
+# statements write, and its queries were written for read committed (a serializable
+# default would fail claims and fan-outs under concurrency).
+# jit: the fan-out statement's estimated cost crosses jit_above_cost, and compiling it
+# took 1.3 s for a 3 ms query.
+SESSION_SETTINGS: dict[str, str] = {
+    "search_path": "pg_catalog",
+    "DateStyle": "ISO,YMD",
+    "TimeZone": "UTC",
+    "IntervalStyle": "postgres",
+    "extra_float_digits": "1",
+    "bytea_output": "hex",
+    "client_encoding": "UTF8",
+    "standard_conforming_strings": "on",
+    "array_nulls": "on",
+    "xmloption": "content",
+    "default_transaction_isolation": "read committed",
+    "default_transaction_read_only": "off",
+    "default_transaction_deferrable": "off",
+    "jit": "off",
+}
+
+# statement_timeout, lock_timeout, idle_in_transaction_session_timeout: 0, the server's
+# own default, whatever the database or role says; the options of DATABASE_URL may set
+# them (they come after these). The service bounds its own waits where one could pile up
+# behind DDL or hold up writers (retention's DDL waits at most 2 s for a lock, a backfill
+# batch 1 s, a subscription's activation WEBHOOKS_VERIFY_TIMEOUT; the worker's HTTP is
+# never inside a transaction); a timeout a role keeps for interactive sessions would
+# cancel a migration, the fan-out of a large statement or a detach waiting for old
+# snapshots.
+SESSION_DEFAULTS: dict[str, str] = {
+    "statement_timeout": "0",
+    "lock_timeout": "0",
+    "idle_in_transaction_session_timeout": "0",
+}
+
+
+def session_options(settings: dict[str, str]) -> str:
+    """libpq's `options` that set `settings` (spaces and backslashes escaped)."""
+    def escape(value: str) -> str:
+        return value.replace("\\", "\\\\").replace(" ", "\\ ")
+    return " ".join(f"-c {name}={escape(value)}" for name, value in settings.items())
+
+
+def service_options(url_options: str | None, *, search_path: bool = True) -> str:
+    """The options of a service connection: SESSION_DEFAULTS, then the URL's own options,
+    then SESSION_SETTINGS (a later -c wins)."""
+    enforced = {k: v for k, v in SESSION_SETTINGS.items()
+                if search_path or k != "search_path"}
+    return " ".join(filter(None, [session_options(SESSION_DEFAULTS), url_options,
+                                  session_options(enforced)]))
 
 
 def conninfo(url: str) -> str:
-    """The connection string of `url` with the service's session options added."""
-    options = conninfo_to_dict(url).get("options")
-    return make_conninfo(url, options=f"{options} {SESSION_OPTIONS}" if options
-                         else SESSION_OPTIONS)
+    """The connection string of `url` with the service's session options."""
+    own = conninfo_to_dict(url).get("options")
+    return make_conninfo(url, options=service_options(str(own) if own else None))
 
 
 def connect(url: str) -> psycopg.Connection:
-    """An autocommit connection for the CLI, with the service's search_path."""
+    """An autocommit connection for the CLI, with the service's session settings."""
     return psycopg.connect(conninfo(url), autocommit=True)
 
 
 def yoyo_url(url: str) -> str:
-    """The libpq URI in the form yoyo expects for the psycopg 3 driver."""
+    """The libpq URI in the form yoyo expects for the psycopg 3 driver, with the service's
+    session options in its query (which yoyo hands to psycopg) but search_path: yoyo keeps
+    its tables (_yoyo_migration, ...) in the current schema, where the role's and the
+    database's search_path made them at the first migrate."""
     scheme, sep, rest = url.partition("://")
     if not sep or scheme not in ("postgres", "postgresql"):
         raise ValueError("DATABASE_URL must be a postgresql:// URI")
-    return f"postgresql+psycopg://{rest}"
+    parts = urlsplit(f"postgresql+psycopg://{rest}")
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    own = " ".join(v for k, v in query if k == "options") or None
+    query = [(k, v) for k, v in query if k != "options"]
+    query.append(("options", service_options(own, search_path=False)))
+    return urlunsplit(parts._replace(query=urlencode(query, quote_via=quote)))
 
 
 class MigrationRefused(RuntimeError):

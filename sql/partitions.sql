@@ -19,7 +19,9 @@
 -- MINVALUE/MAXVALUE) and whether a DETACH ... CONCURRENTLY of it was interrupted. The
 -- bounds are read back from their text form, so that is written and parsed in UTC and
 -- ISO style whatever the caller's session says (a time zone abbreviation such as IST
--- would not read back as written).
+-- would not read back as written). A SQL function's body is parsed again in the caller's
+-- session: the pattern holds no backslash, which standard_conforming_strings = off would
+-- take as an escape.
 CREATE OR REPLACE FUNCTION webhooks.partition_bounds()
 RETURNS TABLE (parent text, partition text, lower_bound timestamptz,
                upper_bound timestamptz, detach_pending boolean)
@@ -40,7 +42,7 @@ SELECT parent.relname::text,
   JOIN pg_namespace n ON n.oid = parent.relnamespace
   JOIN pg_class child ON child.oid = i.inhrelid
  CROSS JOIN LATERAL regexp_match(pg_get_expr(child.relpartbound, child.oid),
-                                 '^FOR VALUES FROM \((.+)\) TO \((.+)\)$') AS b
+                                 '^FOR VALUES FROM [(](.+)[)] TO [(](.+)[)]$') AS b
  WHERE n.nspname = 'webhooks'
    AND parent.relname IN ('events', 'deliveries', 'attempts')
 $$;
@@ -114,7 +116,8 @@ $$;
 
 -- Whether a deliveries partition (attached or just detached) still holds work: a pending
 -- delivery, or one finished after `cutoff`. Both are answered by the partition's partial
--- indexes, without reading its rows.
+-- indexes, without reading its rows. The cutoff goes in as a parameter, never as text: a
+-- DBA's session in Asia/Kolkata would write it as IST, which reads back as Israel's.
 CREATE OR REPLACE FUNCTION webhooks.deliveries_partition_busy(partition text, cutoff timestamptz)
 RETURNS boolean
 LANGUAGE plpgsql STABLE
@@ -125,8 +128,8 @@ DECLARE
 BEGIN
     EXECUTE format('SELECT EXISTS (SELECT 1 FROM webhooks.%I WHERE status = ''pending'')'
                    ' OR EXISTS (SELECT 1 FROM webhooks.%I WHERE status <> ''pending'''
-                   ' AND finished_at > %L)', partition, partition, cutoff)
-       INTO v_busy;
+                   ' AND finished_at > $1)', partition, partition)
+       INTO v_busy USING cutoff;
     RETURN v_busy;
 END
 $$;

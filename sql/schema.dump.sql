@@ -549,8 +549,14 @@ $src$,
     WHILE position('$' || v_tag || '$' IN v_body) > 0 LOOP
         v_tag := v_tag || '_';
     END LOOP;
+    -- The writer's session may say anything about how values become text (their JSON in
+    -- the outbox, the text form of other types): the function sets what it depends on,
+    -- for its own duration only, so one change makes the same event from any session.
     RETURN format('CREATE OR REPLACE FUNCTION webhooks.%I() RETURNS trigger '
-                  'LANGUAGE plpgsql SECURITY DEFINER AS $%s$%s$%s$',
+                  'LANGUAGE plpgsql SECURITY DEFINER '
+                  'SET "TimeZone" = ''UTC'' SET "DateStyle" = ''ISO, YMD'' '
+                  'SET "IntervalStyle" = ''postgres'' SET extra_float_digits = 1 '
+                  'SET bytea_output = ''hex'' AS $%s$%s$%s$',
                   'capture_' || a.id, v_tag, v_body, v_tag);
 END
 $_$;
@@ -641,17 +647,17 @@ $$;
 CREATE FUNCTION webhooks.deliveries_partition_busy(partition text, cutoff timestamp with time zone) RETURNS boolean
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
+    AS $_$
 DECLARE
     v_busy boolean;
 BEGIN
     EXECUTE format('SELECT EXISTS (SELECT 1 FROM webhooks.%I WHERE status = ''pending'')'
                    ' OR EXISTS (SELECT 1 FROM webhooks.%I WHERE status <> ''pending'''
-                   ' AND finished_at > %L)', partition, partition, cutoff)
-       INTO v_busy;
+                   ' AND finished_at > $1)', partition, partition)
+       INTO v_busy USING cutoff;
     RETURN v_busy;
 END
-$$;
+$_$;
 
 CREATE FUNCTION webhooks.detach(table_name regclass) RETURNS void
     LANGUAGE plpgsql
@@ -1205,7 +1211,7 @@ SELECT parent.relname::text,
   JOIN pg_namespace n ON n.oid = parent.relnamespace
   JOIN pg_class child ON child.oid = i.inhrelid
  CROSS JOIN LATERAL regexp_match(pg_get_expr(child.relpartbound, child.oid),
-                                 '^FOR VALUES FROM \((.+)\) TO \((.+)\)$') AS b
+                                 '^FOR VALUES FROM [(](.+)[)] TO [(](.+)[)]$') AS b
  WHERE n.nspname = 'webhooks'
    AND parent.relname IN ('events', 'deliveries', 'attempts')
 $_$;

@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import psycopg
-
 from service import db, tokens
 from service.config import Settings
 from service.store import SyncStore
@@ -20,7 +18,8 @@ def prepare(settings: Settings, token_file: Path) -> str:
     applied = db.migrate(settings.database_url)
     if applied:
         print(f"applied migrations: {', '.join(applied)}")
-    with psycopg.connect(settings.database_url, autocommit=True) as conn:
+    # The demo schema names public explicitly; the session settings are the service's.
+    with db.connect(settings.database_url) as conn:
         conn.execute("SET client_min_messages = warning")
         conn.execute(EXAMPLE_SCHEMA.read_bytes())
         token = token_file.read_text().strip() if token_file.exists() else ""

@@ -7,6 +7,7 @@ from typing import Any
 
 import psycopg
 
+from service import db
 from service.config import Settings
 from service.store import SyncStore
 
@@ -123,7 +124,7 @@ def render(data: dict[str, Any]) -> str:
 
 def print_status(settings: Settings, as_json: bool = False) -> int:
     """Prints the report (or JSON) for the configured database."""
-    with psycopg.connect(settings.database_url, autocommit=True) as conn:
+    with db.connect(settings.database_url) as conn:
         data = collect(conn)
     print(json.dumps(data, default=str, indent=2) if as_json else render(data))
     return 0

@@ -114,6 +114,12 @@ class Store(Queries):
                 return await first.fetchall(), await second.fetchall()
 
 
+async def connect(url: str, **kwargs: Any) -> psycopg.AsyncConnection[Any]:
+    """An autocommit connection outside the pools (the worker's LISTEN connection), with
+    the same session settings as theirs."""
+    return await psycopg.AsyncConnection.connect(conninfo(url), autocommit=True, **kwargs)
+
+
 def make_pool(url: str, *, min_size: int = 1, max_size: int = 10, name: str = "webhooks",
               timeout: float = 30.0) -> AsyncConnectionPool:
     """An unopened async pool; the caller opens it (`await pool.open(wait=True)`) and closes it.

@@ -12,9 +12,7 @@ import logging
 import random
 from collections.abc import Callable
 
-import psycopg
-
-from service.store import Session, StoreError, translated
+from service.store import Session, StoreError, connect, translated
 
 log = logging.getLogger("webhooks.listener")
 
@@ -58,8 +56,8 @@ class Listener:
     async def _listen_once(self) -> None:
         """Connects, listens and wakes the worker until the connection breaks (StoreError)."""
         with translated():
-            conn = await psycopg.AsyncConnection.connect(
-                self._url, autocommit=True, application_name=APPLICATION_NAME,
+            conn = await connect(
+                self._url, application_name=APPLICATION_NAME,
                 # Notice a silently dead peer (a cable, a NAT) rather than wait forever.
                 keepalives=1, keepalives_idle=30, keepalives_interval=10, keepalives_count=3,
             )

@@ -214,16 +214,26 @@ SELECT webhooks.ensure_partitions(now(), now() + make_interval(days => %(ahead)s
 SELECT webhooks.close_orphans() AS closed
 
 -- name: partitions_expired --
--- Bounds as text: they go back to webhooks.keep_detached_deliveries as they came, and
--- may be infinite, which Python datetimes cannot hold.
-SELECT parent, partition, lower_bound::text AS lower_bound,
-       upper_bound::text AS upper_bound, detach_pending
+-- Bounds as epoch seconds in numeric's text (exact to the microsecond, 'Infinity' for
+-- MINVALUE/MAXVALUE, which Python datetimes cannot hold): they go back to
+-- webhooks.keep_detached_deliveries as they came, and no session setting (DateStyle,
+-- TimeZone) touches their text.
+SELECT parent, partition, extract(epoch FROM lower_bound)::text AS lower_bound,
+       extract(epoch FROM upper_bound)::text AS upper_bound, detach_pending
   FROM webhooks.expired_partitions(make_interval(secs => %(retention)s))
 
 -- name: partitions_keep_detached --
-SELECT webhooks.keep_detached_deliveries(%(partition)s, %(lower_bound)s::timestamptz,
-                                         %(upper_bound)s::timestamptz,
-                                         make_interval(secs => %(retention)s)) AS kept
+-- The bounds back from epoch seconds, exactly: whole microseconds from the epoch (a
+-- float8 of the seconds, as to_timestamp takes, misses some by one).
+SELECT webhooks.keep_detached_deliveries(
+           %(partition)s,
+           CASE %(lower_bound)s::numeric WHEN '-Infinity' THEN '-infinity'::timestamptz
+                ELSE to_timestamp(0) + (%(lower_bound)s::numeric * 1000000)::bigint
+                                       * interval '1 microsecond' END,
+           CASE %(upper_bound)s::numeric WHEN 'Infinity' THEN 'infinity'::timestamptz
+                ELSE to_timestamp(0) + (%(upper_bound)s::numeric * 1000000)::bigint
+                                       * interval '1 microsecond' END,
+           make_interval(secs => %(retention)s)) AS kept
 
 -- name: partitions_lock --
 -- One pruner at a time: DETACH ... CONCURRENTLY runs one per table at a time anyway.

@@ -266,8 +266,14 @@ $src$,
     WHILE position('$' || v_tag || '$' IN v_body) > 0 LOOP
         v_tag := v_tag || '_';
     END LOOP;
+    -- The writer's session may say anything about how values become text (their JSON in
+    -- the outbox, the text form of other types): the function sets what it depends on,
+    -- for its own duration only, so one change makes the same event from any session.
     RETURN format('CREATE OR REPLACE FUNCTION webhooks.%I() RETURNS trigger '
-                  'LANGUAGE plpgsql SECURITY DEFINER AS $%s$%s$%s$',
+                  'LANGUAGE plpgsql SECURITY DEFINER '
+                  'SET "TimeZone" = ''UTC'' SET "DateStyle" = ''ISO, YMD'' '
+                  'SET "IntervalStyle" = ''postgres'' SET extra_float_digits = 1 '
+                  'SET bytea_output = ''hex'' AS $%s$%s$%s$',
                   'capture_' || a.id, v_tag, v_body, v_tag);
 END
 $$;
