@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 import httpx
@@ -45,7 +46,9 @@ from service.api.webhooks import (
 from service.config import Settings
 from service.crypto import SecretBox
 from service.http import make_client
-from service.store import Store, make_pool
+from service.store import Store, StoreError, make_pool
+
+log = logging.getLogger("webhooks.api")
 
 
 def provide_store(state: State) -> Store:
@@ -114,6 +117,12 @@ def create_app(settings: Settings, pool: Pool | None = None) -> Litestar:
             else:
                 app.state.pool = pool
             app.state.store = Store(app.state.pool)
+            try:
+                await deliveries.ensure_partitions(app.state.store)
+            except StoreError as exc:
+                # Not fatal: the worker makes them too, and test events retry after making
+                # them; a role that may not create tables gets its error there.
+                log.warning("could not make today's partitions at start-up: %s", exc)
             client = make_client(allow_private=settings.allow_private_targets,
                                  timeout=settings.verify_timeout,
                                  dns_timeout=min(settings.dns_timeout, settings.verify_timeout),
