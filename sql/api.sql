@@ -10,6 +10,9 @@ LANGUAGE sql STABLE AS $$
         'events', pg_catalog.array_to_string(s.events, ','),
         'target', s.target,
         'active', s.active,
+        -- Set when the service stopped it (detach, events made private, auto-disable);
+        -- cleared when it is made active again.
+        'inactive_reason', s.inactive_reason,
         'last_status', s.last_status,
         'last_success_at', pg_catalog.to_char(s.last_success_at AT TIME ZONE 'UTC',
                                               'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),

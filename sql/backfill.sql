@@ -49,7 +49,8 @@ BEGIN
                       a.table_oid, a.id_column, format_type(v_type, NULL));
     END IF;
     BEGIN
-        EXECUTE format('SELECT 1 FROM %s c ORDER BY c.%I LIMIT 0', a.table_oid, a.id_column);
+        EXECUTE format('SELECT 1 FROM %s c ORDER BY c.%I LIMIT 0', webhooks.backfill_from(a),
+                       a.id_column);
     EXCEPTION
         WHEN undefined_function THEN
             RETURN format('table %s cannot be backfilled: its id column %I has type %s, which '
@@ -141,6 +142,16 @@ END
 $$;
 
 
+-- What a backfill reads of an attached table: its own rows, not those of tables that
+-- INHERIT from it (each is attached, or not, in its own right), so ONLY; a partitioned
+-- table has no rows of its own, and its partitions' are its rows.
+CREATE OR REPLACE FUNCTION webhooks.backfill_from(a webhooks.attachments) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE WHEN c.relkind = 'p' THEN '' ELSE 'ONLY ' END || a.table_oid::text
+      FROM pg_class c WHERE c.oid = a.table_oid
+$$;
+
+
 -- The statement of one batch of one table: the page of at most $2 ids after the cursor
 -- $1 (every row whose id equals the page's last id comes along, so equal ids never
 -- straddle two batches), its rows as snapshots (tenant $3 when `tenant_scoped`, filter $4
@@ -217,7 +228,7 @@ SELECT (SELECT pg_catalog.count(*) FROM page) AS paged,
        (SELECT c.id FROM created c ORDER BY c.id LIMIT 1) AS gate_id,
        (SELECT c.created_at FROM created c ORDER BY c.id LIMIT 1) AS gate_at
 $q$,
-        v_id, a.table_oid, v_after, v_tenant,
+        v_id, webhooks.backfill_from(a), v_after, v_tenant,
         webhooks.column_sql(a.table_oid, a.id_column),
         CASE WHEN a.parent_column IS NULL THEN 'NULL::pg_catalog.jsonb'
              ELSE format('pg_catalog.to_jsonb(%s)',
@@ -342,7 +353,7 @@ BEGIN
                 -- The first batch of the table: the greatest id now bounds the backfill.
                 EXECUTE format('SELECT pg_catalog.format(''%%s'', c.%I) FROM %s c'
                                ' WHERE c.%I IS NOT NULL ORDER BY c.%I DESC LIMIT 1',
-                               a.id_column, a.table_oid, a.id_column, a.id_column)
+                               a.id_column, webhooks.backfill_from(a), a.id_column, a.id_column)
                    INTO t.until_id;
             END IF;
             EXECUTE webhooks.backfill_sql(a, s.tenant IS NOT NULL AND a.tenant_column IS NOT NULL,

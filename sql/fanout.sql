@@ -23,7 +23,8 @@ $$;
 -- user_id (the transaction's webhooks.user_id unless empty, else the user column, else
 -- the role). For an UPDATE, `changed` names the columns whose values changed, in table
 -- order (every sent column when the row's id changed, so no previous row was paired), and
--- `previous` is the row as it was when the table is attached with include_previous. With
+-- `previous` is the row as it was when the table is attached with include_previous (and
+-- include_row). A truncate's one change has neither id nor row. With
 -- `careful`, a change whose JSON PostgreSQL cannot take as JSONB (a \u0000 in a json
 -- column, say) comes with the reason in `problem` and no values (even json's -> parses,
 -- and fails on, the whole element), instead of failing the statement, and `raw` holds it
@@ -50,7 +51,10 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
                  WHERE json_typeof(e.j -> 5) IS DISTINCT FROM 'object'
                     OR (e.j -> 5 -> c.key)::text IS DISTINCT FROM c.value::text)
            END,
-           CASE WHEN p.problem IS NULL AND o.include_previous AND json_array_length(e.j) > 5
+           -- No row, no old row: attachments made before attach refused include_previous
+           -- without include_row may have queued both.
+           CASE WHEN p.problem IS NULL AND o.include_row AND o.include_previous
+                     AND json_array_length(e.j) > 5
                      AND json_typeof(e.j -> 5) = 'object'
                 THEN (e.j -> 5)::jsonb END
       FROM json_array_elements(o.rows) WITH ORDINALITY AS e (j, n)

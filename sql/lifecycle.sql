@@ -112,6 +112,12 @@ BEGIN
         LOOP
             UPDATE webhooks.subscriptions s
                SET active = false, disabled_at = now(),
+                   inactive_reason = format(
+                       'disabled automatically: every delivery attempt has failed since %s '
+                       '(WEBHOOKS_DISABLE_AFTER); re-activate it with PUT {"active": true}, '
+                       'then recover what failed',
+                       to_char(v_old.failing_since AT TIME ZONE 'UTC',
+                               'YYYY-MM-DD"T"HH24:MI:SS"Z"')),
                    last_failure_content = format(
                        'disabled automatically: every delivery attempt has failed since %s '
                        '(WEBHOOKS_DISABLE_AFTER); re-activate it with PUT {"active": true}, '
@@ -156,6 +162,7 @@ BEGIN
     NEW.failing_notified_at := NULL;
     NEW.recovered_at := NULL;
     NEW.disabled_at := NULL;
+    NEW.inactive_reason := NULL;
     RETURN NEW;
 END
 $$;

@@ -13,6 +13,14 @@ DECLARE
     v_column text;
     v_other regclass;
     v_key text[];
+    v_old webhooks.attachments;
+    v_new webhooks.attachments;
+    v_old_resource text;
+    v_old_events text[];
+    v_old_public text[];
+    v_gone text[];
+    v_hidden text[];
+    v_newly_sent text[];
 BEGIN
     SELECT c.relkind INTO v_kind FROM pg_class c WHERE c.oid = attach.table_name;
     IF v_kind NOT IN ('r', 'p') THEN
@@ -42,6 +50,11 @@ BEGIN
     END IF;
     IF attach.include_row IS NULL OR attach.public IS NULL OR attach.include_previous IS NULL THEN
         RAISE EXCEPTION 'webhooks.attach: include_row, public and include_previous must be true or false'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT attach.include_row AND attach.include_previous THEN
+        RAISE EXCEPTION 'webhooks.attach: include_previous => true needs include_row => true: '
+                        'a table attached with include_row => false sends no row, old or new'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF array_position(attach.exclude_columns, NULL) IS NOT NULL
@@ -93,7 +106,13 @@ BEGIN
     -- Serialise concurrent attach/detach of the same table.
     PERFORM pg_advisory_xact_lock(hashtext('webhooks.attach'), attach.table_name::oid::integer);
 
-    PERFORM webhooks.detach(attach.table_name);
+    SELECT * INTO v_old FROM webhooks.attachments a WHERE a.table_oid = attach.table_name;
+    SELECT e.resource, array_agg(e.event), array_agg(e.event) FILTER (WHERE e.public)
+      INTO v_old_resource, v_old_events, v_old_public
+      FROM webhooks.hook_events e WHERE e.table_oid = attach.table_name
+     GROUP BY e.resource;
+
+    PERFORM webhooks.drop_capture(attach.table_name);
     INSERT INTO webhooks.attachments (table_oid, resource, noun, hook_resource, parent_resource,
                                       parent_column, id_column, user_column, tenant_column,
                                       exclude_columns, include_row, public, columns,
@@ -101,16 +120,72 @@ BEGIN
     VALUES (attach.table_name, attach.resource, attach.noun, v_hook_resource,
             attach.parent_resource, attach.parent_column, attach.id_column, attach.user_column,
             attach.tenant_column, coalesce(attach.exclude_columns, '{}'), attach.include_row,
-            attach.public, attach.columns, attach.include_previous, v_key);
+            attach.public, attach.columns, attach.include_previous, v_key)
+    RETURNING * INTO v_new;
     INSERT INTO webhooks.hook_events (resource, event, public, table_oid)
     SELECT v_hook_resource, attach.noun || '.' || verb, attach.public, attach.table_name
-      FROM unnest(ARRAY['create', 'update', 'delete']) AS verb;
+      FROM unnest(ARRAY['create', 'update', 'delete', 'truncate']) AS verb;
 
     PERFORM webhooks.install_capture(attach.table_name);
+
+    -- New settings reach subscriptions at once: those left listening to events made
+    -- private, or to events no longer registered, stop (webhooks.hold_subscriptions).
+    IF v_old_resource IS NOT NULL THEN
+        SELECT array_agg(o.event) FILTER (WHERE e.event IS NULL),
+               array_agg(o.event) FILTER (WHERE NOT e.public AND o.event = ANY (v_old_public))
+          INTO v_gone, v_hidden
+          FROM unnest(v_old_events) AS o (event)
+          LEFT JOIN webhooks.hook_events e
+                 ON e.resource = v_old_resource AND e.event = o.event;
+        PERFORM webhooks.hold_subscriptions(
+            v_old_resource, v_gone, v_hidden,
+            format('table %s was attached again under other names', attach.table_name),
+            format('table %s was attached again with public => false', attach.table_name));
+    END IF;
+
+    -- A column kept back before and sent now is most likely a forgotten exclude_columns.
+    IF v_old.table_oid IS NOT NULL THEN
+        SELECT array_agg(c ORDER BY n) INTO v_newly_sent
+          FROM unnest(webhooks.sent_columns(v_new)) WITH ORDINALITY AS x (c, n)
+         WHERE NOT c = ANY (webhooks.sent_columns(v_old));
+        IF v_newly_sent IS NOT NULL THEN
+            RAISE NOTICE 'webhooks.attach: table % now sends column(s) %, which its previous '
+                         'attachment kept back', attach.table_name, array_to_string(v_newly_sent, ', ')
+                USING HINT = 'Give exclude_columns (or columns) again to keep them in the database.';
+        END IF;
+    END IF;
 END
 $_$;
 
-COMMENT ON FUNCTION webhooks.attach(table_name regclass, resource text, noun text, parent_resource text, parent_column text, id_column text, user_column text, tenant_column text, exclude_columns text[], include_row boolean, public boolean, columns text[], include_previous boolean) IS 'Captures INSERT, UPDATE and DELETE of the table as <noun>.create/.update/.delete events and registers them under parent_resource, else resource. Idempotent.';
+COMMENT ON FUNCTION webhooks.attach(table_name regclass, resource text, noun text, parent_resource text, parent_column text, id_column text, user_column text, tenant_column text, exclude_columns text[], include_row boolean, public boolean, columns text[], include_previous boolean) IS 'Captures INSERT, UPDATE, DELETE and TRUNCATE of the table as <noun>.create/.update/.delete/.truncate events and registers them under parent_resource, else resource. Idempotent.';
+
+CREATE TABLE webhooks.attachments (
+    table_oid regclass NOT NULL,
+    resource text NOT NULL,
+    noun text NOT NULL,
+    hook_resource text NOT NULL,
+    parent_resource text,
+    parent_column text,
+    id_column text NOT NULL,
+    user_column text,
+    tenant_column text,
+    exclude_columns text[] DEFAULT '{}'::text[] NOT NULL,
+    include_row boolean NOT NULL,
+    public boolean NOT NULL,
+    attached_at timestamp with time zone DEFAULT now() NOT NULL,
+    id bigint NOT NULL,
+    columns text[],
+    include_previous boolean DEFAULT false NOT NULL,
+    key_columns text[]
+);
+
+CREATE FUNCTION webhooks.backfill_from(a webhooks.attachments) RETURNS text
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT CASE WHEN c.relkind = 'p' THEN '' ELSE 'ONLY ' END || a.table_oid::text
+      FROM pg_class c WHERE c.oid = a.table_oid
+$$;
 
 CREATE TABLE webhooks.backfills (
     id bigint NOT NULL,
@@ -148,26 +223,6 @@ CREATE FUNCTION webhooks.backfill_json(b webhooks.backfills) RETURNS jsonb
                              WHERE t.backfill_id = b.id), '[]'::jsonb))
 $$;
 
-CREATE TABLE webhooks.attachments (
-    table_oid regclass NOT NULL,
-    resource text NOT NULL,
-    noun text NOT NULL,
-    hook_resource text NOT NULL,
-    parent_resource text,
-    parent_column text,
-    id_column text NOT NULL,
-    user_column text,
-    tenant_column text,
-    exclude_columns text[] DEFAULT '{}'::text[] NOT NULL,
-    include_row boolean NOT NULL,
-    public boolean NOT NULL,
-    attached_at timestamp with time zone DEFAULT now() NOT NULL,
-    id bigint NOT NULL,
-    columns text[],
-    include_previous boolean DEFAULT false NOT NULL,
-    key_columns text[]
-);
-
 CREATE FUNCTION webhooks.backfill_problem(a webhooks.attachments) RETURNS text
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -190,7 +245,8 @@ BEGIN
                       a.table_oid, a.id_column, format_type(v_type, NULL));
     END IF;
     BEGIN
-        EXECUTE format('SELECT 1 FROM %s c ORDER BY c.%I LIMIT 0', a.table_oid, a.id_column);
+        EXECUTE format('SELECT 1 FROM %s c ORDER BY c.%I LIMIT 0', webhooks.backfill_from(a),
+                       a.id_column);
     EXCEPTION
         WHEN undefined_function THEN
             RETURN format('table %s cannot be backfilled: its id column %I has type %s, which '
@@ -278,7 +334,7 @@ SELECT (SELECT pg_catalog.count(*) FROM page) AS paged,
        (SELECT c.id FROM created c ORDER BY c.id LIMIT 1) AS gate_id,
        (SELECT c.created_at FROM created c ORDER BY c.id LIMIT 1) AS gate_at
 $q$,
-        v_id, a.table_oid, v_after, v_tenant,
+        v_id, webhooks.backfill_from(a), v_after, v_tenant,
         webhooks.column_sql(a.table_oid, a.id_column),
         CASE WHEN a.parent_column IS NULL THEN 'NULL::pg_catalog.jsonb'
              ELSE format('pg_catalog.to_jsonb(%s)',
@@ -378,7 +434,7 @@ BEGIN
                 -- The first batch of the table: the greatest id now bounds the backfill.
                 EXECUTE format('SELECT pg_catalog.format(''%%s'', c.%I) FROM %s c'
                                ' WHERE c.%I IS NOT NULL ORDER BY c.%I DESC LIMIT 1',
-                               a.id_column, a.table_oid, a.id_column, a.id_column)
+                               a.id_column, webhooks.backfill_from(a), a.id_column, a.id_column)
                    INTO t.until_id;
             END IF;
             EXECUTE webhooks.backfill_sql(a, s.tenant IS NOT NULL AND a.tenant_column IS NOT NULL,
@@ -483,7 +539,8 @@ DECLARE
     v_name pg_catalog.text :=
         CASE WHEN TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN %4$L
              WHEN TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN %5$L
-             ELSE %6$L END;
+             WHEN TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN %6$L
+             ELSE %19$L END;
     v_rows pg_catalog.json;
 BEGIN
     -- The probe: this table is the attachment's, and an active subscription wants the
@@ -496,6 +553,21 @@ BEGIN
                       AND w.event OPERATOR(pg_catalog.=) v_name
                       AND w.subscriptions OPERATOR(pg_catalog.>) 0);
     IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF TG_OP OPERATOR(pg_catalog.=) 'TRUNCATE' THEN
+        -- One change for the statement, with no id, tenant or row: a TRUNCATE has no
+        -- transition table, and names no row. The tenant column stays in force, so that
+        -- fan-out gives it only to subscriptions made without a tenant (every tenant's
+        -- rows went, and no one tenant's subscription speaks for them all).
+        INSERT INTO webhooks.outbox (hook_resource, name, resource, parent_resource,
+                                     include_row, user_setting, role, occurred_at, rows,
+                                     tenant_scoped, xid, include_previous)
+        VALUES (%7$L, v_name, %9$L, %10$L, false,
+                pg_catalog.current_setting('webhooks.user_id', true), session_user,
+                pg_catalog.statement_timestamp(), '[[null, null, null, null, null]]', %12$L,
+                pg_catalog.pg_current_xact_id(), false);
+        PERFORM pg_catalog.pg_notify('webhooks', '') FROM webhooks.wakeups LIMIT 1;
         RETURN NULL;
     END IF;
     IF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
@@ -543,7 +615,10 @@ $src$,
         a.id, webhooks.probe_lock_class(), hashtext(a.hook_resource), a.noun || '.create',
         a.noun || '.update', a.noun || '.delete', a.hook_resource, v_element, a.resource,
         a.parent_resource, a.include_row, a.tenant_column IS NOT NULL, v_update_element,
-        NULL, a.include_previous, v_key_list, v_keys, v_join);
+        -- Without the row no old row either: attachments made before attach refused the
+        -- pair may still have both set.
+        NULL, a.include_previous AND a.include_row, v_key_list, v_keys, v_join,
+        a.noun || '.truncate');
     -- Column names and literals are quoted, but a dollar quote ends at its tag wherever
     -- it appears: pick one the body does not contain.
     WHILE position('$' || v_tag || '$' IN v_body) > 0 LOOP
@@ -598,7 +673,10 @@ CREATE FUNCTION webhooks.changes(o webhooks.outbox, careful boolean DEFAULT fals
                  WHERE json_typeof(e.j -> 5) IS DISTINCT FROM 'object'
                     OR (e.j -> 5 -> c.key)::text IS DISTINCT FROM c.value::text)
            END,
-           CASE WHEN p.problem IS NULL AND o.include_previous AND json_array_length(e.j) > 5
+           -- No row, no old row: attachments made before attach refused include_previous
+           -- without include_row may have queued both.
+           CASE WHEN p.problem IS NULL AND o.include_row AND o.include_previous
+                     AND json_array_length(e.j) > 5
                      AND json_typeof(e.j -> 5) = 'object'
                 THEN (e.j -> 5)::jsonb END
       FROM json_array_elements(o.rows) WITH ORDINALITY AS e (j, n)
@@ -664,18 +742,38 @@ CREATE FUNCTION webhooks.detach(table_name regclass) RETURNS void
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
+    v_resource text;
+    v_events text[];
+BEGIN
+    SELECT e.resource, array_agg(e.event) INTO v_resource, v_events
+      FROM webhooks.hook_events e WHERE e.table_oid = detach.table_name
+     GROUP BY e.resource;
+    PERFORM webhooks.drop_capture(detach.table_name);
+    IF v_resource IS NOT NULL THEN
+        PERFORM webhooks.hold_subscriptions(v_resource, v_events, '{}',
+                                            format('table %s was detached', detach.table_name),
+                                            NULL);
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION webhooks.detach(table_name regclass) IS 'Stops capturing changes of the table, removes its events from the registry and makes inactive the subscriptions left with no event, saying why.';
+
+CREATE FUNCTION webhooks.drop_capture(table_name regclass) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
     v_id bigint;
 BEGIN
-    PERFORM webhooks.drop_capture_triggers(detach.table_name);
-    DELETE FROM webhooks.attachments a WHERE a.table_oid = detach.table_name
+    PERFORM webhooks.drop_capture_triggers(drop_capture.table_name);
+    DELETE FROM webhooks.attachments a WHERE a.table_oid = drop_capture.table_name
     RETURNING a.id INTO v_id;
     IF v_id IS NOT NULL THEN
         EXECUTE format('DROP FUNCTION IF EXISTS webhooks.%I()', 'capture_' || v_id);
     END IF;
 END
 $$;
-
-COMMENT ON FUNCTION webhooks.detach(table_name regclass) IS 'Stops capturing changes of the table and removes its events from the registry.';
 
 CREATE FUNCTION webhooks.drop_capture_triggers(table_name regclass) RETURNS void
     LANGUAGE plpgsql
@@ -687,7 +785,8 @@ BEGIN
     FOR v_trigger IN
         SELECT t.tgname FROM pg_trigger t
          WHERE t.tgrelid = drop_capture_triggers.table_name
-           AND t.tgname IN ('webhooks_1_insert', 'webhooks_2_update', 'webhooks_3_delete')
+           AND t.tgname IN ('webhooks_1_insert', 'webhooks_2_update', 'webhooks_3_delete',
+                            'webhooks_4_truncate')
     LOOP
         EXECUTE format('DROP TRIGGER %I ON %s', v_trigger, drop_capture_triggers.table_name);
     END LOOP;
@@ -845,6 +944,33 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION webhooks.hold_subscriptions(resource text, gone text[], hidden text[], why_gone text, why_hidden text) RETURNS bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_count bigint;
+BEGIN
+    UPDATE webhooks.subscriptions s
+       SET active = false,
+           inactive_reason = CASE
+               WHEN s.events && hold_subscriptions.hidden THEN format(
+                   'events %s of resource %s are no longer public (%s): nothing more is sent '
+                   'to this subscription; make one without them',
+                   (SELECT string_agg(DISTINCT e, ', ') FROM unnest(s.events) AS e
+                     WHERE e = ANY (hold_subscriptions.hidden)),
+                   s.resource, hold_subscriptions.why_hidden)
+               ELSE format('events %s of resource %s are no longer sent (%s)',
+                           array_to_string(s.events, ', '), s.resource,
+                           hold_subscriptions.why_gone) END
+     WHERE s.active AND s.resource = hold_subscriptions.resource
+       AND (s.events && coalesce(hold_subscriptions.hidden, '{}')
+            OR s.events <@ coalesce(hold_subscriptions.gone, '{}'));
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$$;
+
 CREATE FUNCTION webhooks.install_capture(table_name regclass) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -898,6 +1024,12 @@ BEGIN
         a.key_columns := v_key;
     END IF;
 
+    -- Tables attached before TRUNCATE was captured lack its event; every migrate passes
+    -- here for each attachment.
+    INSERT INTO webhooks.hook_events (resource, event, public, table_oid)
+    VALUES (a.hook_resource, a.noun || '.truncate', a.public, a.table_oid)
+        ON CONFLICT (resource, event) DO NOTHING;
+
     v_function := 'capture_' || a.id;
     EXECUTE webhooks.capture_source(a);
     EXECUTE format('REVOKE ALL ON FUNCTION webhooks.%I() FROM PUBLIC', v_function);
@@ -905,7 +1037,8 @@ BEGIN
     IF (SELECT count(*) FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
          WHERE t.tgrelid = a.table_oid AND p.proname = v_function
            AND p.pronamespace = 'webhooks'::regnamespace
-           AND t.tgname IN ('webhooks_1_insert', 'webhooks_2_update', 'webhooks_3_delete')) = 3
+           AND t.tgname IN ('webhooks_1_insert', 'webhooks_2_update', 'webhooks_3_delete',
+                            'webhooks_4_truncate')) = 4
     THEN
         RETURN;
     END IF;
@@ -918,6 +1051,8 @@ BEGIN
                    'FOR EACH STATEMENT EXECUTE FUNCTION webhooks.%I()', a.table_oid, v_function);
     EXECUTE format('CREATE TRIGGER webhooks_3_delete AFTER DELETE ON %s '
                    'REFERENCING OLD TABLE AS changed_rows '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION webhooks.%I()', a.table_oid, v_function);
+    EXECUTE format('CREATE TRIGGER webhooks_4_truncate AFTER TRUNCATE ON %s '
                    'FOR EACH STATEMENT EXECUTE FUNCTION webhooks.%I()', a.table_oid, v_function);
 END
 $$;
@@ -1036,6 +1171,12 @@ BEGIN
         LOOP
             UPDATE webhooks.subscriptions s
                SET active = false, disabled_at = now(),
+                   inactive_reason = format(
+                       'disabled automatically: every delivery attempt has failed since %s '
+                       '(WEBHOOKS_DISABLE_AFTER); re-activate it with PUT {"active": true}, '
+                       'then recover what failed',
+                       to_char(v_old.failing_since AT TIME ZONE 'UTC',
+                               'YYYY-MM-DD"T"HH24:MI:SS"Z"')),
                    last_failure_content = format(
                        'disabled automatically: every delivery attempt has failed since %s '
                        '(WEBHOOKS_DISABLE_AFTER); re-activate it with PUT {"active": true}, '
@@ -1095,6 +1236,7 @@ CREATE TABLE webhooks.subscriptions (
     filter jsonb,
     filter_path jsonpath,
     ordering text DEFAULT 'unordered'::text NOT NULL,
+    inactive_reason text,
     CONSTRAINT subscriptions_events_check CHECK ((cardinality(events) > 0)),
     CONSTRAINT subscriptions_ordering_check CHECK ((ordering = ANY (ARRAY['unordered'::text, 'strict'::text])))
 );
@@ -1158,17 +1300,31 @@ CREATE FUNCTION webhooks.on_drop() RETURNS event_trigger
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_id bigint;
+    r record;
+    v_resource text;
+    v_events text[];
 BEGIN
-    FOR v_id IN
-        DELETE FROM webhooks.attachments a
-         WHERE a.table_oid = ANY (ARRAY(SELECT d.objid::regclass
-                                           FROM pg_event_trigger_dropped_objects() d
-                                          WHERE d.classid = 'pg_class'::regclass
-                                            AND d.objsubid = 0))
-        RETURNING a.id
+    FOR r IN
+        -- The attachments are found by primary key (a DROP of other tables costs one probe).
+        SELECT a.table_oid, d.object_identity FROM webhooks.attachments a
+          JOIN pg_event_trigger_dropped_objects() d
+            ON d.classid = 'pg_class'::regclass AND d.objsubid = 0
+           AND d.objid = a.table_oid::oid
+         WHERE a.table_oid = ANY (ARRAY(SELECT x.objid::regclass
+                                           FROM pg_event_trigger_dropped_objects() x
+                                          WHERE x.classid = 'pg_class'::regclass
+                                            AND x.objsubid = 0))
     LOOP
-        EXECUTE format('DROP FUNCTION IF EXISTS webhooks.%I()', 'capture_' || v_id);
+        -- As webhooks.detach, naming the table by the name it had.
+        SELECT e.resource, array_agg(e.event) INTO v_resource, v_events
+          FROM webhooks.hook_events e WHERE e.table_oid = r.table_oid
+         GROUP BY e.resource;
+        PERFORM webhooks.drop_capture(r.table_oid);
+        IF v_resource IS NOT NULL THEN
+            PERFORM webhooks.hold_subscriptions(v_resource, v_events, '{}',
+                                                format('table %s was dropped', r.object_identity),
+                                                NULL);
+        END IF;
     END LOOP;
 END
 $$;
@@ -1335,6 +1491,17 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION webhooks.sent_columns(a webhooks.attachments) RETURNS text[]
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT coalesce(array_agg(t.attname::text ORDER BY t.attnum), '{}')
+      FROM pg_attribute t
+     WHERE t.attrelid = a.table_oid AND t.attnum > 0 AND NOT t.attisdropped
+       AND NOT t.attname = ANY (a.exclude_columns)
+       AND (a.columns IS NULL OR t.attname = ANY (a.columns))
+$$;
+
 CREATE FUNCTION webhooks.settle_subscription(subscription_id bigint, timeout interval DEFAULT '00:00:05'::interval) RETURNS boolean
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1452,6 +1619,9 @@ CREATE FUNCTION webhooks.subscription_json(s webhooks.subscriptions) RETURNS tex
         'events', pg_catalog.array_to_string(s.events, ','),
         'target', s.target,
         'active', s.active,
+        -- Set when the service stopped it (detach, events made private, auto-disable);
+        -- cleared when it is made active again.
+        'inactive_reason', s.inactive_reason,
         'last_status', s.last_status,
         'last_success_at', pg_catalog.to_char(s.last_success_at AT TIME ZONE 'UTC',
                                               'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
@@ -1471,6 +1641,7 @@ BEGIN
     NEW.failing_notified_at := NULL;
     NEW.recovered_at := NULL;
     NEW.disabled_at := NULL;
+    NEW.inactive_reason := NULL;
     RETURN NEW;
 END
 $$;
@@ -1853,6 +2024,8 @@ ALTER TABLE ONLY webhooks.subscription_events
 
 REVOKE ALL ON FUNCTION webhooks.attach(table_name regclass, resource text, noun text, parent_resource text, parent_column text, id_column text, user_column text, tenant_column text, exclude_columns text[], include_row boolean, public boolean, columns text[], include_previous boolean) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION webhooks.backfill_from(a webhooks.attachments) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION webhooks.backfill_json(b webhooks.backfills) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.backfill_problem(a webhooks.attachments) FROM PUBLIC;
@@ -1873,6 +2046,8 @@ REVOKE ALL ON FUNCTION webhooks.deliveries_partition_busy(partition text, cutoff
 
 REVOKE ALL ON FUNCTION webhooks.detach(table_name regclass) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION webhooks.drop_capture(table_name regclass) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION webhooks.drop_capture_triggers(table_name regclass) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.ensure_partitions(since timestamp with time zone, until timestamp with time zone) FROM PUBLIC;
@@ -1886,6 +2061,8 @@ REVOKE ALL ON FUNCTION webhooks.fail_backfill(backfill_id bigint, reason text) F
 REVOKE ALL ON FUNCTION webhooks.filter_passes(filter_path jsonpath, row_data jsonb, changed text[]) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.forget_deliveries() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION webhooks.hold_subscriptions(resource text, gone text[], hidden text[], why_gone text, why_hidden text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.install_capture(table_name regclass) FROM PUBLIC;
 
@@ -1914,6 +2091,8 @@ REVOKE ALL ON FUNCTION webhooks.recover(subscription_id bigint, since timestamp 
 REVOKE ALL ON FUNCTION webhooks.redeliver(delivery_id bigint) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.row_sql(a webhooks.attachments) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION webhooks.sent_columns(a webhooks.attachments) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.settle_subscription(subscription_id bigint, timeout interval) FROM PUBLIC;
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Sequence
 
 import httpx
@@ -47,7 +48,9 @@ from service.api.webhooks import (
 from service.config import Settings
 from service.crypto import SecretBox
 from service.http import make_client
-from service.store import Store, make_pool
+from service.store import Store, StoreError, make_pool
+
+log = logging.getLogger("webhooks.api")
 
 
 def provide_store(state: State) -> Store:
@@ -105,6 +108,13 @@ async def readyz(store: StoreDep) -> Response[dict[str, str]]:
     return Response({"status": "ok"})
 
 
+async def _make_partitions(store: Store) -> None:
+    try:
+        await deliveries.ensure_partitions(store)
+    except StoreError as exc:
+        log.warning("could not make today's partitions at start-up: %s", exc)
+
+
 # --- the app ------------------------------------------------------------------------
 
 def create_app(settings: Settings, pool: Pool | None = None,
@@ -128,6 +138,11 @@ def create_app(settings: Settings, pool: Pool | None = None,
             else:
                 app.state.pool = pool
             app.state.store = Store(app.state.pool)
+            # In the background, so that the API binds at once even while the database is
+            # down. Not fatal: the worker makes them too, and test events retry after
+            # making them; a role that may not create tables gets its error there.
+            maker = asyncio.create_task(_make_partitions(app.state.store))
+            stack.callback(maker.cancel)
             client = make_client(allow_private=settings.allow_private_targets,
                                  timeout=settings.verify_timeout,
                                  dns_timeout=min(settings.dns_timeout, settings.verify_timeout),

@@ -159,6 +159,18 @@ async def _subscription(store: Store, text: str, principal: Principal) -> dict[s
     return dict(row)
 
 
+# Days of partitions made ahead of today, as the worker keeps them.
+PARTITIONS_AHEAD = 2
+# PostgreSQL's check_violation: an insert into a partitioned table found no partition for
+# its row's day (no worker has run since that day began).
+NO_PARTITION = "23514"
+
+
+async def ensure_partitions(store: Store) -> None:
+    """Makes today's partitions and the next days' (webhooks.ensure_partitions)."""
+    await store.ensure_partitions(ahead=PARTITIONS_AHEAD)
+
+
 def _inactive(subscription_id: int) -> ApiError:
     return ApiError(409, f"webhook {subscription_id} is inactive; activate it with PUT "
                          f"/api/v1/webhooks/{subscription_id} {{\"active\": true}} first")
@@ -313,13 +325,25 @@ async def send_test(webhook_id: IdPath, principal: PrincipalDep, store: StoreDep
     and its one delivery to this subscription, signed and logged like any other; 409 while
     the subscription is inactive."""
     sub = await _subscription(store, webhook_id, principal)
-    async with store.transaction() as s:
-        created = await s.queue_test_delivery(id=sub["id"])
-        if created is None:
-            raise _inactive(sub["id"])
-        row = await s.get_delivery(id=created["id"], subscription_id=sub["id"])
-    assert row is not None
+    try:
+        row = await _queue_test(store, sub["id"])
+    except StoreRejected as exc:
+        # The API may run while no worker has made today's partitions: make them, once.
+        if exc.sqlstate != NO_PARTITION:
+            raise
+        await ensure_partitions(store)
+        row = await _queue_test(store, sub["id"])
     return to_delivery(row)
+
+
+async def _queue_test(store: Store, subscription_id: int) -> dict[str, Any]:
+    async with store.transaction() as s:
+        created = await s.queue_test_delivery(id=subscription_id)
+        if created is None:
+            raise _inactive(subscription_id)
+        row = await s.get_delivery(id=created["id"], subscription_id=subscription_id)
+    assert row is not None
+    return dict(row)
 
 
 HANDLERS = [list_deliveries, get_delivery, redeliver, recover, send_test]

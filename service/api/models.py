@@ -47,6 +47,9 @@ class Subscription(msgspec.Struct):
     last_failure_content: str | None
     filter: dict[str, Any] | None = None
     ordering: str = "unordered"
+    # Why the service made it inactive (its table detached, its events made private,
+    # auto-disabled); null while active or when its owner deactivated it.
+    inactive_reason: str | None = None
 
 
 class HookEvent(msgspec.Struct):
@@ -72,6 +75,7 @@ def to_subscription(row: dict[str, Any]) -> Subscription:
         last_failure_at=timestamp(row["last_failure_at"]),
         last_failure_content=row["last_failure_content"],
         filter=row.get("filter"), ordering=row.get("ordering", "unordered"),
+        inactive_reason=row.get("inactive_reason"),
     )
 
 
@@ -212,11 +216,12 @@ CREATE_OPTIONAL = ("filter", "ordering")
 ORDERINGS = ("unordered", "strict")
 UPDATE_FIELDS = ("active", "id", "resource", "events", "target", "last_status",
                  "last_success_at", "last_failure_at", "last_failure_content", "filter",
-                 "ordering")
+                 "ordering", "inactive_reason")
 # id, resource, events and target may be repeated in a PUT but not changed. The status
 # fields, which the worker changes at any time, may be sent too (a client sending back what
 # it read) and are ignored, since comparing them would race the worker.
-STATUS_FIELDS = ("last_status", "last_success_at", "last_failure_at", "last_failure_content")
+STATUS_FIELDS = ("last_status", "last_success_at", "last_failure_at", "last_failure_content",
+                 "inactive_reason")
 
 
 def check_unchanged(body: dict[str, Any], current: Subscription, names: list[str] | None

@@ -271,6 +271,15 @@ async def update_webhook(
             except events.EventsError as exc:
                 raise ApiError(400, str(exc)) from None
         check_unchanged(body, current, names)
+        if active and not current.active:
+            # Events detached or made private since it was made stay off (its
+            # inactive_reason says which): the same check as a create's.
+            rows = await s.resource_events(resource=current.resource)
+            registry = {r[0]: r[1] for r in rows}
+            try:
+                events.check(current.events.split(","), registry, current.resource)
+            except events.EventsError as exc:
+                raise ApiError(400, f"cannot activate webhook {number}: {exc}") from None
         updated = await s.set_subscription_active(id=number, owner=principal.owner,
                                                   tenant=principal.tenant, active=active)
     assert updated is not None

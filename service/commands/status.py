@@ -25,6 +25,7 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
         "failing": store.status_failing(),
         "lifecycle": {**store.status_lifecycle_counts(),
                       "subscriptions": store.status_lifecycle()},
+        "stopped": store.status_stopped(),
         "outbox": store.status_outbox(),
         "worker_tasks": store.status_worker_tasks(),
         "backfills": store.status_backfills(),
@@ -56,7 +57,7 @@ def render(data: dict[str, Any]) -> str:
         flags = [f for f, on in (("no row", not a["include_row"]), ("private", not a["public"]),
                                  (f"tenant={a['tenant_column']}", a["tenant_column"]),
                                  ("previous", a["include_previous"])) if on]
-        out.append(f"  {a['table']:<24} {a['noun']}.create/update/delete{nested}"
+        out.append(f"  {a['table']:<24} {a['noun']}.create/update/delete/truncate{nested}"
                    f"  ({a['subscriptions']} active subscriptions"
                    f"{', ' + ', '.join(flags) if flags else ''})")
     s, d, h, o = data["subscriptions"], data["deliveries"], data["last_hour"], data["outbox"]
@@ -94,6 +95,12 @@ def render(data: dict[str, Any]) -> str:
                          + (" (webhook.failing sent)" if x["notified"] else ""))
             out.append(f"  #{x['id']:<6} {x['owner']}  {state}  {x['target']}  "
                        f"{x['last_failure'] or ''}")
+    stopped = data.get("stopped")
+    if stopped:
+        out += ["", "Stopped by the service  (inactive until their events are sent again)"]
+        for x in stopped:
+            out.append(f"  #{x['id']:<6} {x['owner']}  {x['resource']}  {x['target']}  "
+                       f"{x['inactive_reason']}")
     rejected = data.get("rejected")
     if rejected is not None:
         out += ["", f"Set-aside changes  {rejected['total']}"

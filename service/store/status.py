@@ -60,6 +60,11 @@ class SyncStatusQueries(SyncQueries):
         """The subscriptions failing or disabled by the lifecycle."""
         return self._every("status_lifecycle")
 
+    def status_stopped(self) -> list[dict[str, Any]]:
+        """Subscriptions made inactive by the registry (table detached or dropped, events
+        made private), with the reason."""
+        return self._every("status_stopped")
+
     def status_outbox(self) -> dict[str, Any]:
         """The outbox's backlog."""
         return self._first("status_outbox")

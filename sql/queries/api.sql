@@ -16,10 +16,10 @@ SELECT e.event, e.public,
  ORDER BY e.event
 
 -- name: api_event_columns --
--- For each of a subscription's events, whether it sends a row and the columns it may
+-- For each of a subscription's events, whether it sends a row (a truncate never does) and the columns it may
 -- send or name as changed (not excluded, within the allow-list), in table order; NULL
 -- columns for the service's own events, which come from no table (filters: SPEC 9).
-SELECT e.event, a.include_row,
+SELECT e.event, a.include_row AND e.event NOT LIKE '%%.truncate' AS include_row,
        CASE WHEN a.table_oid IS NOT NULL THEN
            ARRAY(SELECT t.attname::text FROM pg_attribute t
                   WHERE t.attrelid = a.table_oid AND t.attnum > 0 AND NOT t.attisdropped

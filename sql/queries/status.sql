@@ -2,11 +2,12 @@
 
 -- name: status_attachments --
 SELECT a.table_oid::text AS "table", a.resource, a.hook_resource, a.noun,
-       a.include_row, a.public, a.tenant_column, a.include_previous,
+       a.include_row, a.public, a.tenant_column, a.include_previous AND a.include_row
+           AS include_previous,
        (SELECT count(*) FROM webhooks.subscriptions s
          WHERE s.active AND s.resource = a.hook_resource
            AND s.events && ARRAY[a.noun || '.create', a.noun || '.update',
-                                 a.noun || '.delete']) AS subscriptions
+                                 a.noun || '.delete', a.noun || '.truncate']) AS subscriptions
   FROM webhooks.attachments a
  ORDER BY a.hook_resource, a.resource
 
@@ -75,6 +76,16 @@ SELECT s.id, s.owner, s.target, s.active, s.failing_since, s.disabled_at,
  WHERE (s.active AND s.failing_since IS NOT NULL)
     OR (NOT s.active AND s.disabled_at IS NOT NULL)
  ORDER BY s.disabled_at DESC NULLS LAST, s.failing_since, s.id
+ LIMIT 20
+
+-- name: status_stopped --
+-- Subscriptions the service made inactive for a reason of the registry (their table
+-- detached or dropped, their events made private), latest first; those disabled
+-- automatically are listed with the failure lifecycle.
+SELECT s.id, s.owner, s.resource, s.target, s.inactive_reason
+  FROM webhooks.subscriptions s
+ WHERE NOT s.active AND s.inactive_reason IS NOT NULL AND s.disabled_at IS NULL
+ ORDER BY s.id DESC
  LIMIT 20
 
 -- name: status_outbox --

@@ -200,7 +200,8 @@ DECLARE
     v_name pg_catalog.text :=
         CASE WHEN TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN %4$L
              WHEN TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN %5$L
-             ELSE %6$L END;
+             WHEN TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN %6$L
+             ELSE %19$L END;
     v_rows pg_catalog.json;
 BEGIN
     -- The probe: this table is the attachment's, and an active subscription wants the
@@ -213,6 +214,21 @@ BEGIN
                       AND w.event OPERATOR(pg_catalog.=) v_name
                       AND w.subscriptions OPERATOR(pg_catalog.>) 0);
     IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF TG_OP OPERATOR(pg_catalog.=) 'TRUNCATE' THEN
+        -- One change for the statement, with no id, tenant or row: a TRUNCATE has no
+        -- transition table, and names no row. The tenant column stays in force, so that
+        -- fan-out gives it only to subscriptions made without a tenant (every tenant's
+        -- rows went, and no one tenant's subscription speaks for them all).
+        INSERT INTO webhooks.outbox (hook_resource, name, resource, parent_resource,
+                                     include_row, user_setting, role, occurred_at, rows,
+                                     tenant_scoped, xid, include_previous)
+        VALUES (%7$L, v_name, %9$L, %10$L, false,
+                pg_catalog.current_setting('webhooks.user_id', true), session_user,
+                pg_catalog.statement_timestamp(), '[[null, null, null, null, null]]', %12$L,
+                pg_catalog.pg_current_xact_id(), false);
+        PERFORM pg_catalog.pg_notify('webhooks', '') FROM webhooks.wakeups LIMIT 1;
         RETURN NULL;
     END IF;
     IF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
@@ -260,7 +276,10 @@ $src$,
         a.id, webhooks.probe_lock_class(), hashtext(a.hook_resource), a.noun || '.create',
         a.noun || '.update', a.noun || '.delete', a.hook_resource, v_element, a.resource,
         a.parent_resource, a.include_row, a.tenant_column IS NOT NULL, v_update_element,
-        NULL, a.include_previous, v_key_list, v_keys, v_join);
+        -- Without the row no old row either: attachments made before attach refused the
+        -- pair may still have both set.
+        NULL, a.include_previous AND a.include_row, v_key_list, v_keys, v_join,
+        a.noun || '.truncate');
     -- Column names and literals are quoted, but a dollar quote ends at its tag wherever
     -- it appears: pick one the body does not contain.
     WHILE position('$' || v_tag || '$' IN v_body) > 0 LOOP
@@ -280,7 +299,7 @@ $$;
 
 
 -- Checks that every column the attachment names exists, then (re)writes the table's
--- capture function and makes sure its three triggers call it.
+-- capture function and makes sure its four triggers call it.
 CREATE OR REPLACE FUNCTION webhooks.install_capture(table_name regclass) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -332,6 +351,12 @@ BEGIN
         a.key_columns := v_key;
     END IF;
 
+    -- Tables attached before TRUNCATE was captured lack its event; every migrate passes
+    -- here for each attachment.
+    INSERT INTO webhooks.hook_events (resource, event, public, table_oid)
+    VALUES (a.hook_resource, a.noun || '.truncate', a.public, a.table_oid)
+        ON CONFLICT (resource, event) DO NOTHING;
+
     v_function := 'capture_' || a.id;
     EXECUTE webhooks.capture_source(a);
     EXECUTE format('REVOKE ALL ON FUNCTION webhooks.%I() FROM PUBLIC', v_function);
@@ -339,7 +364,8 @@ BEGIN
     IF (SELECT count(*) FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
          WHERE t.tgrelid = a.table_oid AND p.proname = v_function
            AND p.pronamespace = 'webhooks'::regnamespace
-           AND t.tgname IN ('webhooks_1_insert', 'webhooks_2_update', 'webhooks_3_delete')) = 3
+           AND t.tgname IN ('webhooks_1_insert', 'webhooks_2_update', 'webhooks_3_delete',
+                            'webhooks_4_truncate')) = 4
     THEN
         RETURN;
     END IF;
@@ -353,6 +379,8 @@ BEGIN
     EXECUTE format('CREATE TRIGGER webhooks_3_delete AFTER DELETE ON %s '
                    'REFERENCING OLD TABLE AS changed_rows '
                    'FOR EACH STATEMENT EXECUTE FUNCTION webhooks.%I()', a.table_oid, v_function);
+    EXECUTE format('CREATE TRIGGER webhooks_4_truncate AFTER TRUNCATE ON %s '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION webhooks.%I()', a.table_oid, v_function);
 END
 $$;
 
@@ -365,7 +393,8 @@ BEGIN
     FOR v_trigger IN
         SELECT t.tgname FROM pg_trigger t
          WHERE t.tgrelid = drop_capture_triggers.table_name
-           AND t.tgname IN ('webhooks_1_insert', 'webhooks_2_update', 'webhooks_3_delete')
+           AND t.tgname IN ('webhooks_1_insert', 'webhooks_2_update', 'webhooks_3_delete',
+                            'webhooks_4_truncate')
     LOOP
         EXECUTE format('DROP TRIGGER %I ON %s', v_trigger, drop_capture_triggers.table_name);
     END LOOP;
@@ -373,13 +402,15 @@ END
 $$;
 
 
-CREATE OR REPLACE FUNCTION webhooks.detach(table_name regclass) RETURNS void
+-- The capture of one table goes: its triggers, its attachment (and with it, by cascade,
+-- its registered events) and its capture function. attach replaces settings through it.
+CREATE OR REPLACE FUNCTION webhooks.drop_capture(table_name regclass) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_id bigint;
 BEGIN
-    PERFORM webhooks.drop_capture_triggers(detach.table_name);
-    DELETE FROM webhooks.attachments a WHERE a.table_oid = detach.table_name
+    PERFORM webhooks.drop_capture_triggers(drop_capture.table_name);
+    DELETE FROM webhooks.attachments a WHERE a.table_oid = drop_capture.table_name
     RETURNING a.id INTO v_id;
     IF v_id IS NOT NULL THEN
         EXECUTE format('DROP FUNCTION IF EXISTS webhooks.%I()', 'capture_' || v_id);
@@ -387,8 +418,77 @@ BEGIN
 END
 $$;
 
+
+-- Stops the active subscriptions of `resource` that the registry no longer serves, saying
+-- why in inactive_reason (the API, `webhooks status` and the dashboard show it):
+--   * those that listen to an event now private (`hidden`), even when their other events
+--     are still public: the subscription is one row, and going on with only some of its
+--     events would change what its owner asked for without a word;
+--   * those whose every event is gone from the registry (`gone`); one that still has an
+--     event left goes on receiving it.
+-- The webhook.* events of the service and any subscription that an operator makes in SQL
+-- to an event already private are not touched. Re-activating is refused by the API while
+-- an event is unregistered or private.
+CREATE OR REPLACE FUNCTION webhooks.hold_subscriptions(resource text, gone text[],
+                                                       hidden text[], why_gone text,
+                                                       why_hidden text) RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_count bigint;
+BEGIN
+    UPDATE webhooks.subscriptions s
+       SET active = false,
+           inactive_reason = CASE
+               WHEN s.events && hold_subscriptions.hidden THEN format(
+                   'events %s of resource %s are no longer public (%s): nothing more is sent '
+                   'to this subscription; make one without them',
+                   (SELECT string_agg(DISTINCT e, ', ') FROM unnest(s.events) AS e
+                     WHERE e = ANY (hold_subscriptions.hidden)),
+                   s.resource, hold_subscriptions.why_hidden)
+               ELSE format('events %s of resource %s are no longer sent (%s)',
+                           array_to_string(s.events, ', '), s.resource,
+                           hold_subscriptions.why_gone) END
+     WHERE s.active AND s.resource = hold_subscriptions.resource
+       AND (s.events && coalesce(hold_subscriptions.hidden, '{}')
+            OR s.events <@ coalesce(hold_subscriptions.gone, '{}'));
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$$;
+
+
+CREATE OR REPLACE FUNCTION webhooks.detach(table_name regclass) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_resource text;
+    v_events text[];
+BEGIN
+    SELECT e.resource, array_agg(e.event) INTO v_resource, v_events
+      FROM webhooks.hook_events e WHERE e.table_oid = detach.table_name
+     GROUP BY e.resource;
+    PERFORM webhooks.drop_capture(detach.table_name);
+    IF v_resource IS NOT NULL THEN
+        PERFORM webhooks.hold_subscriptions(v_resource, v_events, '{}',
+                                            format('table %s was detached', detach.table_name),
+                                            NULL);
+    END IF;
+END
+$$;
+
 COMMENT ON FUNCTION webhooks.detach(regclass) IS
-    'Stops capturing changes of the table and removes its events from the registry.';
+    'Stops capturing changes of the table, removes its events from the registry and makes '
+    'inactive the subscriptions left with no event, saying why.';
+
+
+-- The columns that an attachment's rows may send, in table order.
+CREATE OR REPLACE FUNCTION webhooks.sent_columns(a webhooks.attachments) RETURNS text[]
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce(array_agg(t.attname::text ORDER BY t.attnum), '{}')
+      FROM pg_attribute t
+     WHERE t.attrelid = a.table_oid AND t.attnum > 0 AND NOT t.attisdropped
+       AND NOT t.attname = ANY (a.exclude_columns)
+       AND (a.columns IS NULL OR t.attname = ANY (a.columns))
+$$;
 
 
 CREATE OR REPLACE FUNCTION webhooks.attach(
@@ -413,6 +513,14 @@ DECLARE
     v_column text;
     v_other regclass;
     v_key text[];
+    v_old webhooks.attachments;
+    v_new webhooks.attachments;
+    v_old_resource text;
+    v_old_events text[];
+    v_old_public text[];
+    v_gone text[];
+    v_hidden text[];
+    v_newly_sent text[];
 BEGIN
     SELECT c.relkind INTO v_kind FROM pg_class c WHERE c.oid = attach.table_name;
     IF v_kind NOT IN ('r', 'p') THEN
@@ -442,6 +550,11 @@ BEGIN
     END IF;
     IF attach.include_row IS NULL OR attach.public IS NULL OR attach.include_previous IS NULL THEN
         RAISE EXCEPTION 'webhooks.attach: include_row, public and include_previous must be true or false'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT attach.include_row AND attach.include_previous THEN
+        RAISE EXCEPTION 'webhooks.attach: include_previous => true needs include_row => true: '
+                        'a table attached with include_row => false sends no row, old or new'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF array_position(attach.exclude_columns, NULL) IS NOT NULL
@@ -493,7 +606,13 @@ BEGIN
     -- Serialise concurrent attach/detach of the same table.
     PERFORM pg_advisory_xact_lock(hashtext('webhooks.attach'), attach.table_name::oid::integer);
 
-    PERFORM webhooks.detach(attach.table_name);
+    SELECT * INTO v_old FROM webhooks.attachments a WHERE a.table_oid = attach.table_name;
+    SELECT e.resource, array_agg(e.event), array_agg(e.event) FILTER (WHERE e.public)
+      INTO v_old_resource, v_old_events, v_old_public
+      FROM webhooks.hook_events e WHERE e.table_oid = attach.table_name
+     GROUP BY e.resource;
+
+    PERFORM webhooks.drop_capture(attach.table_name);
     INSERT INTO webhooks.attachments (table_oid, resource, noun, hook_resource, parent_resource,
                                       parent_column, id_column, user_column, tenant_column,
                                       exclude_columns, include_row, public, columns,
@@ -501,18 +620,47 @@ BEGIN
     VALUES (attach.table_name, attach.resource, attach.noun, v_hook_resource,
             attach.parent_resource, attach.parent_column, attach.id_column, attach.user_column,
             attach.tenant_column, coalesce(attach.exclude_columns, '{}'), attach.include_row,
-            attach.public, attach.columns, attach.include_previous, v_key);
+            attach.public, attach.columns, attach.include_previous, v_key)
+    RETURNING * INTO v_new;
     INSERT INTO webhooks.hook_events (resource, event, public, table_oid)
     SELECT v_hook_resource, attach.noun || '.' || verb, attach.public, attach.table_name
-      FROM unnest(ARRAY['create', 'update', 'delete']) AS verb;
+      FROM unnest(ARRAY['create', 'update', 'delete', 'truncate']) AS verb;
 
     PERFORM webhooks.install_capture(attach.table_name);
+
+    -- New settings reach subscriptions at once: those left listening to events made
+    -- private, or to events no longer registered, stop (webhooks.hold_subscriptions).
+    IF v_old_resource IS NOT NULL THEN
+        SELECT array_agg(o.event) FILTER (WHERE e.event IS NULL),
+               array_agg(o.event) FILTER (WHERE NOT e.public AND o.event = ANY (v_old_public))
+          INTO v_gone, v_hidden
+          FROM unnest(v_old_events) AS o (event)
+          LEFT JOIN webhooks.hook_events e
+                 ON e.resource = v_old_resource AND e.event = o.event;
+        PERFORM webhooks.hold_subscriptions(
+            v_old_resource, v_gone, v_hidden,
+            format('table %s was attached again under other names', attach.table_name),
+            format('table %s was attached again with public => false', attach.table_name));
+    END IF;
+
+    -- A column kept back before and sent now is most likely a forgotten exclude_columns.
+    IF v_old.table_oid IS NOT NULL THEN
+        SELECT array_agg(c ORDER BY n) INTO v_newly_sent
+          FROM unnest(webhooks.sent_columns(v_new)) WITH ORDINALITY AS x (c, n)
+         WHERE NOT c = ANY (webhooks.sent_columns(v_old));
+        IF v_newly_sent IS NOT NULL THEN
+            RAISE NOTICE 'webhooks.attach: table % now sends column(s) %, which its previous '
+                         'attachment kept back', attach.table_name, array_to_string(v_newly_sent, ', ')
+                USING HINT = 'Give exclude_columns (or columns) again to keep them in the database.';
+        END IF;
+    END IF;
 END
 $$;
 
 COMMENT ON FUNCTION webhooks.attach(regclass, text, text, text, text, text, text, text, text[],
                                     boolean, boolean, text[], boolean) IS
-    'Captures INSERT, UPDATE and DELETE of the table as <noun>.create/.update/.delete events '
+    'Captures INSERT, UPDATE, DELETE and TRUNCATE of the table as '
+    '<noun>.create/.update/.delete/.truncate events '
     'and registers them under parent_resource, else resource. Idempotent.';
 
 
@@ -548,17 +696,31 @@ $$;
 CREATE OR REPLACE FUNCTION webhooks.on_drop() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_id bigint;
+    r record;
+    v_resource text;
+    v_events text[];
 BEGIN
-    FOR v_id IN
-        DELETE FROM webhooks.attachments a
-         WHERE a.table_oid = ANY (ARRAY(SELECT d.objid::regclass
-                                           FROM pg_event_trigger_dropped_objects() d
-                                          WHERE d.classid = 'pg_class'::regclass
-                                            AND d.objsubid = 0))
-        RETURNING a.id
+    FOR r IN
+        -- The attachments are found by primary key (a DROP of other tables costs one probe).
+        SELECT a.table_oid, d.object_identity FROM webhooks.attachments a
+          JOIN pg_event_trigger_dropped_objects() d
+            ON d.classid = 'pg_class'::regclass AND d.objsubid = 0
+           AND d.objid = a.table_oid::oid
+         WHERE a.table_oid = ANY (ARRAY(SELECT x.objid::regclass
+                                           FROM pg_event_trigger_dropped_objects() x
+                                          WHERE x.classid = 'pg_class'::regclass
+                                            AND x.objsubid = 0))
     LOOP
-        EXECUTE format('DROP FUNCTION IF EXISTS webhooks.%I()', 'capture_' || v_id);
+        -- As webhooks.detach, naming the table by the name it had.
+        SELECT e.resource, array_agg(e.event) INTO v_resource, v_events
+          FROM webhooks.hook_events e WHERE e.table_oid = r.table_oid
+         GROUP BY e.resource;
+        PERFORM webhooks.drop_capture(r.table_oid);
+        IF v_resource IS NOT NULL THEN
+            PERFORM webhooks.hold_subscriptions(v_resource, v_events, '{}',
+                                                format('table %s was dropped', r.object_identity),
+                                                NULL);
+        END IF;
     END LOOP;
 END
 $$;

@@ -31,8 +31,9 @@ def shipments(conn: psycopg.Connection) -> psycopg.Connection:
 
 def test_nested_events_are_registered_under_the_parent(conn: psycopg.Connection) -> None:
     assert registry(conn, "invoices") == [
-        ("invoice.create", True), ("invoice.delete", True), ("invoice.update", True),
-        ("payment.create", True), ("payment.delete", True), ("payment.update", True)]
+        ("invoice.create", True), ("invoice.delete", True), ("invoice.truncate", True),
+        ("invoice.update", True), ("payment.create", True), ("payment.delete", True),
+        ("payment.truncate", True), ("payment.update", True)]
     assert registry(conn, "payments") == []
 
 
@@ -42,9 +43,10 @@ def test_attach_is_idempotent_and_replaces_settings(shipments: psycopg.Connectio
         conn.execute("SELECT webhooks.attach('shipments', resource => 'shipments', "
                      "noun => 'shipment', id_column => 'shipment_no')")
     assert registry(conn, "shipments") == [
-        ("shipment.create", True), ("shipment.delete", True), ("shipment.update", True)]
+        ("shipment.create", True), ("shipment.delete", True), ("shipment.truncate", True),
+        ("shipment.update", True)]
     assert triggers(conn, "shipments") == ["webhooks_1_insert", "webhooks_2_update",
-                                           "webhooks_3_delete"]
+                                           "webhooks_3_delete", "webhooks_4_truncate"]
     conn.execute("SELECT webhooks.attach('shipments', resource => 'shipments', "
                  "noun => 'shipment', id_column => 'shipment_no', public => false)")
     assert {p for _, p in registry(conn, "shipments")} == {False}
@@ -70,7 +72,7 @@ def test_detach_stops_capture_and_unregisters(conn: psycopg.Connection) -> None:
     conn.execute("SELECT webhooks.detach('public.payments')")  # idempotent
     assert triggers(conn, "payments") == []
     assert [e for e, _ in registry(conn, "invoices")] == [
-        "invoice.create", "invoice.delete", "invoice.update"]
+        "invoice.create", "invoice.delete", "invoice.truncate", "invoice.update"]
     conn.execute("INSERT INTO invoices (id, number, customer, amount) VALUES (1, 'a', 'b', 1)")
     conn.execute("INSERT INTO payments (invoice_id, amount) VALUES (1, 1)")
     assert conn.execute("SELECT count(*) FROM webhooks.outbox").fetchone() == (0,)

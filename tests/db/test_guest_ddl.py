@@ -122,7 +122,7 @@ def test_the_owner_of_an_attached_table_adds_a_column_and_it_is_sent(
     assert created["tenant"] == "acme"
     assert updated["changed"] == ["colour"]
     assert capture_triggers(conn, "public.items") == [
-        "webhooks_1_insert", "webhooks_2_update", "webhooks_3_delete"]
+        "webhooks_1_insert", "webhooks_2_update", "webhooks_3_delete", "webhooks_4_truncate"]
 
 
 def test_the_owner_cannot_drop_or_rename_a_column_the_attachment_names(

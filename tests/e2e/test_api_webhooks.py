@@ -22,7 +22,7 @@ async def test_create_returns_the_subscription_and_stores_it(api: Api) -> None:
                     "events": "invoice.create,payment.delete", "target": api.receiver.url,
                     "active": True, "last_status": 200, "last_success_at": None,
                     "last_failure_at": None, "last_failure_content": None, "filter": None,
-                    "ordering": "unordered"}
+                    "ordering": "unordered", "inactive_reason": None}
     assert isinstance(body["id"], int)
     handshake = api.receiver.received[-1]
     assert handshake.method == "POST"
@@ -67,7 +67,7 @@ async def test_hook_events_lists_public_events_only(api: Api) -> None:
             "public => false)")
     body = (await api.request("GET", "/api/v1/hook_events")).json()
     assert body == [{"resource": "invoices", "event": f"invoice.{v}"}
-                    for v in ("create", "delete", "update")] + [
+                    for v in ("create", "delete", "truncate", "update")] + [
                     {"resource": "webhooks", "event": f"webhook.{e}"}  # the operational events
                     for e in ("disabled", "failing", "recovered")]
 

@@ -107,7 +107,7 @@ async def api_for(db_url: str, **settings: Any) -> AsyncIterator[Api]:
 
 SUBSCRIPTION_FIELDS = {"id", "resource", "events", "target", "active", "last_status",
                        "last_success_at", "last_failure_at", "last_failure_content",
-                       "filter", "ordering"}
+                       "filter", "ordering", "inactive_reason"}
 
 
 def assert_error(response: httpx.Response, status: int, fragment: str = "") -> str:

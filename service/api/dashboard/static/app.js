@@ -50,7 +50,11 @@ function failing(sub) {
 function marks(sub) {
   const td = el("td");
   if (failing(sub)) td.append(el("span", { class: "mark failing", text: "failing" }));
-  if (!sub.active) td.append(el("span", { class: "mark disabled", text: "disabled" }));
+  if (!sub.active) {
+    td.append(el("span", { class: "mark disabled", text: "disabled" }));
+    // Set when the service stopped it (table detached, events made private, auto-disable).
+    if (sub.inactive_reason) td.append(el("div", { class: "reason", text: sub.inactive_reason }));
+  }
   if (!td.childNodes.length) td.append(el("span", { class: "mark healthy", text: "healthy" }));
   return td;
 }

@@ -1,0 +1,243 @@
+"""What a DBA sets with webhooks.attach / detach is what happens: no row means no old row
+either, a backfill reads only the attached table, private events and detached tables stop
+their subscriptions (saying why), a column sent again is announced, and the API makes the
+day's partitions it needs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from service.commands import status
+from service.store import Store
+from service.worker.fanout import drain_outbox
+from tests.support.api import Api, api_for, assert_error
+from tests.support.subscriptions import subscribe, subscription
+from tests.support.worker import open_pool, poll
+
+
+@pytest.fixture
+async def pool(db_url: str) -> AsyncIterator[AsyncConnectionPool]:
+    async with open_pool(db_url, max_size=4) as p:
+        yield p
+
+
+def make_notes(conn: psycopg.Connection, **settings: Any) -> None:
+    conn.execute("CREATE TABLE IF NOT EXISTS notes (id bigint PRIMARY KEY, body text, "
+                 "secret text)")
+    attach(conn, **settings)
+
+
+def attach(conn: psycopg.Connection, **settings: Any) -> None:
+    args = "".join(f", {name} => %({name})s" for name in settings)
+    conn.execute("SELECT webhooks.attach('notes', resource => 'notes', noun => 'note'"
+                 + args + ")", settings)
+
+
+def bodies(conn: psycopg.Connection, name: str) -> list[dict[str, Any]]:
+    return [json.loads(r[0]) for r in conn.execute(
+        "SELECT body FROM webhooks.events WHERE name = %s ORDER BY id", (name,)).fetchall()]
+
+
+def delivered_to(conn: psycopg.Connection, sid: int) -> int:
+    row = conn.execute("SELECT count(*) FROM webhooks.deliveries WHERE subscription_id = %s",
+                       (sid,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+# --- a. include_row => false sends no row, old or new ---------------------------------
+
+def test_attach_refuses_previous_without_row(conn: psycopg.Connection) -> None:
+    conn.execute("CREATE TABLE notes (id bigint PRIMARY KEY, body text)")
+    with pytest.raises(psycopg.errors.InvalidParameterValue,
+                       match="include_previous => true needs include_row => true"):
+        attach(conn, include_row=False, include_previous=True)
+    assert conn.execute("SELECT count(*) FROM webhooks.attachments "
+                        "WHERE resource = 'notes'").fetchone() == (0,)
+
+
+async def test_an_earlier_attachment_with_previous_and_no_row_sends_neither(
+        conn: psycopg.Connection, pool: AsyncConnectionPool) -> None:
+    make_notes(conn, include_row=False)
+    # As an earlier version let it be, and as its capture function queued it.
+    conn.execute("UPDATE webhooks.attachments SET include_previous = true "
+                 "WHERE resource = 'notes'")
+    conn.execute("SELECT webhooks.install_capture('notes')")
+    subscribe(conn, resource="notes", events=["note.update"])
+    conn.execute("INSERT INTO notes VALUES (1, 'old', 's')")
+    conn.execute("UPDATE notes SET body = 'new' WHERE id = 1")
+    conn.execute("UPDATE notes SET body = 'newer' WHERE id = 1")
+    conn.execute("UPDATE webhooks.outbox SET include_previous = true "
+                 "WHERE id = (SELECT max(id) FROM webhooks.outbox)")
+    await drain_outbox(Store(pool), 100)
+    sent = bodies(conn, "note.update")
+    assert len(sent) == 2
+    for body in sent:
+        assert set(body) == {"event"}, body
+        assert body["event"]["changed"] == ["body"]
+
+
+# --- b. a backfill reads ONLY the attached table --------------------------------------
+
+def test_backfill_leaves_out_the_rows_of_inheriting_tables(conn: psycopg.Connection) -> None:
+    make_notes(conn)
+    conn.execute("CREATE TABLE pinned_notes (pinned boolean) INHERITS (notes)")
+    conn.execute("INSERT INTO notes SELECT i, 'n' || i FROM generate_series(1, 3) AS i")
+    conn.execute("INSERT INTO pinned_notes (id, body) SELECT i, 'p' || i "
+                 "FROM generate_series(100, 104) AS i")
+    sid, _ = subscribe(conn, resource="notes", events=["note.create"])
+    conn.execute("SELECT webhooks.start_backfill(%s)", (sid,))
+    for _ in range(10):
+        row = conn.execute("SELECT status FROM webhooks.backfill_step(2, 262144, 5000)"
+                           ).fetchone()
+        if row is None or row[0] != "running":
+            break
+    assert conn.execute("SELECT status, rows FROM webhooks.backfills").fetchone() == ("done", 3)
+    ids = sorted(b["event"]["resource_id"] for b in bodies(conn, "note.snapshot"))
+    assert ids == [1, 2, 3]
+
+
+# --- c. public => false stops existing subscriptions at once --------------------------
+
+async def test_events_made_private_stop_their_subscriptions(
+        api: Api, conn: psycopg.Connection, pool: AsyncConnectionPool) -> None:
+    make_notes(conn)
+    creates = await api.create("note.create", resource="notes")
+    mixed = await api.create("note.create,note.delete", resource="notes")
+    invoices = await api.create("invoice.create")
+    attach(conn, public=False)
+
+    for sub in (creates, mixed):
+        body = (await api.request("GET", f"/api/v1/webhooks/{sub['id']}")).json()
+        assert body["active"] is False
+        assert "no longer public" in body["inactive_reason"]
+        assert "note.create" in body["inactive_reason"]
+    assert (await api.request("GET", f"/api/v1/webhooks/{invoices['id']}")).json()[
+        "inactive_reason"] is None
+    conn.execute("INSERT INTO notes VALUES (1, 'b', 's')")
+    conn.execute("DELETE FROM notes")
+    await drain_outbox(Store(pool), 100)
+    assert delivered_to(conn, creates["id"]) == delivered_to(conn, mixed["id"]) == 0
+
+    response = await api.request("PUT", f"/api/v1/webhooks/{creates['id']}",
+                                 json={"active": True})
+    assert_error(response, 400, "not public")
+    assert subscription(conn, creates["id"])["active"] is False
+
+    # Attached again as private: an operator's subscription to private events goes on.
+    operator, _ = subscribe(conn, resource="notes", events=["note.create"], owner="ops")
+    attach(conn, public=False)
+    assert subscription(conn, operator)["active"] is True
+
+    # Public again: re-activating is the owner's choice, and clears the reason.
+    attach(conn)
+    response = await api.request("PUT", f"/api/v1/webhooks/{creates['id']}",
+                                 json={"active": True})
+    assert response.status_code == 200, response.text
+    assert response.json()["inactive_reason"] is None
+
+
+# --- e. a column sent again is announced ------------------------------------------------
+
+def test_reattaching_without_an_excluded_column_names_it_in_a_notice(
+        conn: psycopg.Connection) -> None:
+    # A Diagnostic is readable only inside the handler.
+    notices: list[tuple[str | None, str | None]] = []
+    conn.add_notice_handler(lambda d: notices.append((d.severity_nonlocalized,
+                                                      d.message_primary)))
+    make_notes(conn, exclude_columns=["secret"])
+    attach(conn, exclude_columns=["secret"])
+    assert [n for n in notices if "now sends" in (n[1] or "")] == []
+    attach(conn)
+    [(severity, message)] = [n for n in notices if "now sends" in (n[1] or "")]
+    assert severity == "NOTICE"
+    assert "column(s) secret," in (message or "")
+
+    notices.clear()
+    attach(conn, columns=["id"])
+    attach(conn)
+    [(_, again)] = [n for n in notices if "now sends" in (n[1] or "")]
+    assert "column(s) body, secret," in (again or "")
+
+
+# --- f. detach leaves its subscriptions inactive, saying why ---------------------------
+
+async def test_detach_stops_its_subscriptions_and_says_why(
+        api: Api, conn: psycopg.Connection) -> None:
+    make_notes(conn)
+    notes = await api.create("note.create,note.update", resource="notes")
+    both = await api.create("invoice.create,payment.create")
+    conn.execute("SELECT webhooks.detach('notes')")
+
+    body = (await api.request("GET", f"/api/v1/webhooks/{notes['id']}")).json()
+    assert body["active"] is False
+    assert "notes was detached" in body["inactive_reason"]
+    listed = (await api.request("GET", "/api/v1/webhooks/?active=false")).json()
+    assert [s["inactive_reason"] for s in listed] == [body["inactive_reason"]]
+
+    # A subscription that keeps an event of another table goes on.
+    conn.execute("SELECT webhooks.detach('payments')")
+    assert subscription(conn, both["id"])["active"] is True
+
+    data = status.collect(conn)
+    assert [(s["id"], s["inactive_reason"]) for s in data["stopped"]] == [
+        (notes["id"], body["inactive_reason"])]
+    assert body["inactive_reason"] in status.render(data)
+
+    script = (await api.http.get("/dashboard/static/app.js")).text
+    assert "inactive_reason" in script
+
+
+def test_dropping_an_attached_table_stops_its_subscriptions(conn: psycopg.Connection) -> None:
+    make_notes(conn)
+    sid, _ = subscribe(conn, resource="notes", events=["note.create"])
+    conn.execute("DROP TABLE notes")
+    row = subscription(conn, sid)
+    assert row["active"] is False
+    assert "public.notes was dropped" in row["inactive_reason"]
+
+
+# --- g. the API makes the partitions it writes to --------------------------------------
+
+def drop_todays_partitions(conn: psycopg.Connection) -> list[str]:
+    names = [r[0] for r in conn.execute(
+        "SELECT c.oid::regclass::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhparent IN ('webhooks.events'::regclass, 'webhooks.deliveries'::regclass)"
+        "   AND c.relkind = 'r'").fetchall()]
+    for name in names:
+        conn.execute(f"DROP TABLE {name}")
+    return names
+
+
+def todays_partitions(conn: psycopg.Connection) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhparent IN ('webhooks.events'::regclass, 'webhooks.deliveries'::regclass)"
+        "   AND c.relname LIKE '%%' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD')").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_a_test_event_without_todays_partitions_makes_them(
+        api: Api, conn: psycopg.Connection) -> None:
+    sub = await api.create()
+    assert drop_todays_partitions(conn)
+    assert todays_partitions(conn) == 0
+    response = await api.request("POST", f"/api/v1/webhooks/{sub['id']}/test")
+    assert response.status_code == 202, response.text
+    assert response.json()["event"] == "webhook.test"
+    assert todays_partitions(conn) == 2
+
+
+async def test_the_api_makes_todays_partitions_at_start(db_url: str,
+                                                         conn: psycopg.Connection) -> None:
+    assert drop_todays_partitions(conn)
+    async with api_for(db_url):
+        # Made in the background, so that the API binds at once whatever the database does.
+        await poll(lambda: todays_partitions(conn) == 2, what="today's partitions")
