@@ -668,10 +668,16 @@ CREATE FUNCTION webhooks.changes(o webhooks.outbox, careful boolean DEFAULT fals
            p.problem,
            CASE WHEN p.problem IS NOT NULL THEN e.j END,
            CASE WHEN p.problem IS NULL AND json_array_length(e.j) > 5 THEN
+               -- Each row is walked once and the columns matched by a hash join on their
+               -- names (`e.j -> 5 -> key` per column parsed the whole element again for
+               -- every column: 8.5 s for a 300-column, 900 kB row). Values compare as
+               -- their captured text, as before.
                (SELECT coalesce(array_agg(c.key ORDER BY c.ord), '{}')
                   FROM json_each(e.j -> 4) WITH ORDINALITY AS c (key, value, ord)
-                 WHERE json_typeof(e.j -> 5) IS DISTINCT FROM 'object'
-                    OR (e.j -> 5 -> c.key)::text IS DISTINCT FROM c.value::text)
+                  LEFT JOIN json_each(CASE WHEN json_typeof(e.j -> 5) = 'object'
+                                           THEN e.j -> 5 END) AS b (key, value)
+                         ON b.key = c.key
+                 WHERE b.value IS NULL OR b.value::text IS DISTINCT FROM c.value::text)
            END,
            -- No row, no old row: attachments made before attach refused include_previous
            -- without include_row may have queued both.
