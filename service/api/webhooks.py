@@ -46,7 +46,7 @@ from service.api.models import (
 from service.config import Settings
 from service.crypto import SecretBox
 from service.ssrf import TargetRejected, check_target
-from service.store import Store
+from service.store import Session, Store
 from service.tokens import Principal
 
 Pool = AsyncConnectionPool[Any]
@@ -120,13 +120,48 @@ def _scope(principal: Principal) -> dict[str, Any]:
 
 
 async def _settle(store: Store, subscription_id: int, settings: Settings) -> None:
-    """Makes a subscription that just became active exact: see webhooks.settle_subscription."""
-    (settled,) = await store.one("api_subscription_settle", {
-        "id": subscription_id, "timeout": settings.verify_timeout}, row=tuple_row)
-    if not settled:
+    """Makes a subscription that just became active exact (webhooks.settle_waiting in
+    sql/triggers/capture.sql): waits for the writers whose capture probe ran before it
+    could be seen, then starts it. Each check is one short query, and no connection is
+    held between checks, so activations waiting for a long application transaction leave
+    the pool to everyone else's requests."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.verify_timeout
+    pause = 0.005
+    waiting: list[str] | None = None
+    while True:
+        (waiting,) = await store.one("api_settle_waiting", {
+            "id": subscription_id, "among": waiting}, row=tuple_row)
+        if waiting is None:
+            return  # made inactive or deleted meanwhile: nothing to start
+        left = deadline - loop.time()
+        if not waiting or left <= 0:
+            break
+        await asyncio.sleep(min(pause, left))
+        # Short at first (most writers commit within milliseconds), then gentler on
+        # pg_locks while a long transaction stays open.
+        pause = min(pause * 2, 0.1)
+    await store.one("api_settle_start", {"id": subscription_id})
+    if waiting:
         log.warning("subscription %s: a transaction writing to its resource was still open "
                     "after %gs; its changes may not reach the new subscription",
                     subscription_id, settings.verify_timeout)
+
+
+async def _check_filter_budget(session: Session, principal: Principal, subscription_id: int,
+                               path: str | None, settings: Settings) -> None:
+    """400 when activating a subscription with filter `path` would take the owner's active
+    filters past WEBHOOKS_MAX_FILTER_BYTES_PER_OWNER."""
+    if path is None:
+        return
+    row = await session.one("api_owner_filter_bytes", {
+        "owner": principal.owner, "id": subscription_id, "filter_path": path})
+    limit = settings.max_filter_bytes_per_owner
+    if row["used"] + row["wanted"] > limit:
+        raise ApiError(400, f"this filter compiles to {row['wanted']} bytes and this owner's "
+                            f"active subscriptions' filters to {row['used']}, over the limit "
+                            f"of {limit} bytes per owner (WEBHOOKS_MAX_FILTER_BYTES_PER_OWNER); "
+                            "pause or delete a filtered subscription, or use a smaller filter")
 
 
 def _too_many(limit: int) -> ApiError:
@@ -147,6 +182,7 @@ async def list_webhooks(
     request: Request[Any, Any, Any],
     principal: PrincipalDep,
     store: StoreDep,
+    settings: SettingsDep,
     resource: Annotated[str | None, Parameter(description="only this resource")] = None,
     active: Annotated[str | None, Parameter(description="true or false")] = None,
     limit: Annotated[str | None, Parameter(description="1 to 1000, default 100")] = None,
@@ -161,8 +197,16 @@ async def list_webhooks(
               "limit": wanted + 1}
     rows = await store.all("api_subscription_list", params, row=tuple_row)
     page = rows[:wanted]
+    # A page stops early, after the row that passes the byte budget (a page always holds
+    # one row): the next one starts after it, so paging still sees every row once.
+    size = 0
+    for n, (_, doc) in enumerate(page):
+        size += len(doc.encode()) + 1
+        if size > settings.max_page_bytes:
+            page = page[:n + 1]
+            break
     headers = {}
-    if len(rows) > wanted:
+    if len(rows) > len(page):
         query = {k: v for k, v in (("resource", resource), ("active", active)) if v is not None}
         query.update(limit=str(wanted), after=str(page[-1][0]))
         url = request.url.with_replacements(query=urlencode(query), fragment="")
@@ -213,6 +257,8 @@ async def create_webhook(
     (count,) = await store.one("api_subscription_count", _scope(principal), row=tuple_row)
     if count >= limit:
         raise _too_many(limit)
+    async with store.session() as s:
+        await _check_filter_budget(s, principal, 0, path, settings)
     # No connection is held here: the handshake may take the whole verify timeout.
     secret = new_secret()
     try:
@@ -223,6 +269,7 @@ async def create_webhook(
     metrics.handshake("verified")
     async with store.transaction() as s:
         await s.run("api_owner_lock", _scope(principal))
+        await _check_filter_budget(s, principal, 0, path, settings)
         row = await s.one("api_subscription_insert", {
             **_scope(principal), "resource": resource, "events": names, "target": target,
             "secret": box.seal(secret), "max": limit, "filter": filter_, "filter_path": path,
@@ -277,6 +324,11 @@ async def update_webhook(
             except events.EventsError as exc:
                 raise ApiError(400, str(exc)) from None
         check_unchanged(body, current, names)
+        if active and not current.active and current.filter is not None:
+            # The owner's filters are counted under the lock creates take too.
+            await s.run("api_owner_lock", _scope(principal))
+            stored = await s.one("api_subscription_filter_path", {"id": number})
+            await _check_filter_budget(s, principal, number, stored["filter_path"], settings)
         updated = await s.one("api_subscription_set_active", {**key, "active": active})
     assert updated is not None
     if active and not current.active:
