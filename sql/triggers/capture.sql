@@ -522,8 +522,10 @@ BEGIN
         -- Most updates (the worker's last_* fields) change nothing the registry holds.
         SELECT array_agg(o.id) INTO v_changed
           FROM gone o JOIN came n ON n.id = o.id
-         WHERE (o.active, o.events, o.resource, o.tenant, o.active_since::text)
-               IS DISTINCT FROM (n.active, n.events, n.resource, n.tenant, n.active_since::text);
+         WHERE (o.active, o.events, o.resource, o.tenant, o.active_since::text,
+                o.filter_path IS NULL)
+               IS DISTINCT FROM (n.active, n.events, n.resource, n.tenant, n.active_since::text,
+                                 n.filter_path IS NULL);
         IF v_changed IS NULL THEN
             RETURN NULL;
         END IF;
