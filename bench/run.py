@@ -22,7 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench import api, capture, delivery, load, report, resilience, scale, scale_queue
+from bench import api, capture, delivery, load, noisy, report, resilience, scale, scale_queue
 from bench.common import BENCH_DB, Procs, Result, drop_database, error_result, recreate_database
 from bench.context import Context
 
@@ -42,6 +42,7 @@ SCENARIOS: dict[str, Scenario] = {
     "fanout_scale": scale_queue.fanout_scale,
     "api_scale": scale_queue.api_scale,
     "retention": scale_queue.retention,
+    "noisy_neighbour": noisy.scenario,
 }
 NEEDS_RECEIVER = set(SCENARIOS) - {"capture", "capture_scale"}
 

@@ -198,6 +198,14 @@ class Settings:
         "WEBHOOKS_MAX_EVENTS_PER_SUBSCRIPTION", whole, 100
     )
     max_target_length: int = setting("WEBHOOKS_MAX_TARGET_LENGTH", whole, 2048)
+    # What one owner's active filters may compile to in all: fan-out evaluates each of
+    # them for every change their events match, so this bounds what one owner adds to
+    # every change's fan-out (README, Limits).
+    max_filter_bytes_per_owner: int = setting(
+        "WEBHOOKS_MAX_FILTER_BYTES_PER_OWNER", whole, 262144
+    )
+    # A list page stops early once its JSON passes this many bytes (its Link goes on).
+    max_page_bytes: int = setting("WEBHOOKS_MAX_PAGE_BYTES", whole, 1048576)
     # Requests per second per API token, per API process, with bursts of rate_burst; 0 = off.
     rate_limit: float = setting("WEBHOOKS_RATE_LIMIT", number(0.0), 100.0)
     rate_burst: int = setting("WEBHOOKS_RATE_BURST", whole, 200)

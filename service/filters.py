@@ -15,6 +15,12 @@ sent; its value is a scalar (equality) or an object with one operator:
 
 The key "$changed" takes an array of column names: an update passes when one of them
 changed; other events pass. Arrays and objects in a column are never equal to a scalar.
+
+Besides the limits of each part, a filter has a total budget: MAX_LITERALS values in all
+(every scalar it compares with, and every $changed name), MAX_FILTER_BYTES as compact
+JSON, MAX_PATH_BYTES compiled. Fan-out evaluates a filter for every change its events
+match, under the one fan-out lock, so what one filter may cost is bounded here, and what
+an owner's filters may cost together by WEBHOOKS_MAX_FILTER_BYTES_PER_OWNER (the API).
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ CHANGED = "$changed"
 MAX_CONDITIONS = 50
 MAX_VALUES = 100
 MAX_STRING = 1024
+MAX_LITERALS = 200
+MAX_FILTER_BYTES = 8192
+MAX_PATH_BYTES = 16384
 
 
 class FilterError(ValueError):
@@ -111,7 +120,43 @@ def check(filter_: Any, sent: Sequence[str] | None, named: Sequence[str]) -> dic
             if isinstance(value, bool) or not isinstance(value, (int, float, str)):
                 raise FilterError(f"filter: {column!r} {op} takes a number or a string")
             _check_value(column, op, value)
+    _check_budget(filter_)
     return filter_
+
+
+def literals(filter_: Mapping[str, Any]) -> int:
+    """How many values a (checked) filter compares with, $changed names included."""
+    count = 0
+    for condition in filter_.values():
+        if isinstance(condition, list):
+            count += len(condition)
+        elif isinstance(condition, dict):
+            ((_, value),) = condition.items()
+            count += len(value) if isinstance(value, list) else 1
+        else:
+            count += 1
+    return count
+
+
+def size(filter_: Mapping[str, Any]) -> int:
+    """The filter's bytes as compact UTF-8 JSON (as stored and returned)."""
+    return len(json.dumps(filter_, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+def _check_budget(filter_: Mapping[str, Any]) -> None:
+    count = literals(filter_)
+    if count > MAX_LITERALS:
+        raise FilterError(f"filter: {count} values in all, over the limit of {MAX_LITERALS} "
+                          "values per filter (every compared value and $changed name counts)")
+    length = size(filter_)
+    if length > MAX_FILTER_BYTES:
+        raise FilterError(f"filter: {length} bytes as JSON, over the limit of "
+                          f"{MAX_FILTER_BYTES} bytes per filter")
+    compiled = compile_path(filter_)
+    if compiled is not None and len(compiled.encode()) > MAX_PATH_BYTES:
+        raise FilterError(f"filter: compiles to {len(compiled.encode())} bytes, over the limit "
+                          f"of {MAX_PATH_BYTES} compiled bytes per filter (non-ASCII text "
+                          "compiles to \\u escapes, 6 bytes a character)")
 
 
 # --- compiling to SQL/JSON path --------------------------------------------------------

@@ -1508,35 +1508,61 @@ CREATE FUNCTION webhooks.sent_columns(a webhooks.attachments) RETURNS text[]
        AND (a.columns IS NULL OR t.attname = ANY (a.columns))
 $$;
 
+CREATE FUNCTION webhooks.settle_start(subscription_id bigint) RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    UPDATE webhooks.subscriptions s SET active_since = pg_current_snapshot()
+     WHERE s.id = settle_start.subscription_id AND s.active;
+    RETURN FOUND;
+END
+$$;
+
 CREATE FUNCTION webhooks.settle_subscription(subscription_id bigint, timeout interval DEFAULT '00:00:05'::interval) RETURNS boolean
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_resource text;
     v_waiting text[];
     v_deadline timestamptz := clock_timestamp() + settle_subscription.timeout;
 BEGIN
-    SELECT s.resource INTO v_resource FROM webhooks.subscriptions s
-     WHERE s.id = settle_subscription.subscription_id AND s.active;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
     LOOP
-        SELECT array_agg(l.virtualtransaction) INTO v_waiting
-          FROM pg_locks l
-         WHERE l.locktype = 'advisory' AND l.granted AND l.pid <> pg_backend_pid()
-           AND l.database = (SELECT d.oid FROM pg_database d
-                              WHERE d.datname = current_database())
-           AND l.classid = webhooks.probe_lock_class()::oid
-           AND l.objid = hashtext(v_resource)::oid AND l.objsubid = 2
-           AND (v_waiting IS NULL OR l.virtualtransaction = ANY (v_waiting));
-        EXIT WHEN v_waiting IS NULL OR clock_timestamp() >= v_deadline;
+        v_waiting := webhooks.settle_waiting(settle_subscription.subscription_id, v_waiting);
+        IF v_waiting IS NULL THEN
+            RETURN false;
+        END IF;
+        EXIT WHEN v_waiting = '{}' OR clock_timestamp() >= v_deadline;
         PERFORM pg_sleep(0.005);
     END LOOP;
-    UPDATE webhooks.subscriptions s SET active_since = pg_current_snapshot()
-     WHERE s.id = settle_subscription.subscription_id AND s.active;
-    RETURN v_waiting IS NULL;
+    PERFORM webhooks.settle_start(settle_subscription.subscription_id);
+    RETURN v_waiting = '{}';
+END
+$$;
+
+CREATE FUNCTION webhooks.settle_waiting(subscription_id bigint, among text[] DEFAULT NULL::text[]) RETURNS text[]
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_resource text;
+BEGIN
+    SELECT s.resource INTO v_resource FROM webhooks.subscriptions s
+     WHERE s.id = settle_waiting.subscription_id AND s.active;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    RETURN coalesce(
+        (SELECT array_agg(l.virtualtransaction)
+           FROM pg_locks l
+          WHERE l.locktype = 'advisory' AND l.granted AND l.pid <> pg_backend_pid()
+            AND l.database = (SELECT d.oid FROM pg_database d
+                               WHERE d.datname = current_database())
+            AND l.classid = webhooks.probe_lock_class()::oid
+            AND l.objid = hashtext(v_resource)::oid AND l.objsubid = 2
+            AND (settle_waiting.among IS NULL
+                 OR l.virtualtransaction = ANY (settle_waiting.among))),
+        '{}');
 END
 $$;
 
@@ -1663,8 +1689,10 @@ BEGIN
         -- Most updates (the worker's last_* fields) change nothing the registry holds.
         SELECT array_agg(o.id) INTO v_changed
           FROM gone o JOIN came n ON n.id = o.id
-         WHERE (o.active, o.events, o.resource, o.tenant, o.active_since::text)
-               IS DISTINCT FROM (n.active, n.events, n.resource, n.tenant, n.active_since::text);
+         WHERE (o.active, o.events, o.resource, o.tenant, o.active_since::text,
+                o.filter_path IS NULL)
+               IS DISTINCT FROM (n.active, n.events, n.resource, n.tenant, n.active_since::text,
+                                 n.filter_path IS NULL);
         IF v_changed IS NULL THEN
             RETURN NULL;
         END IF;
@@ -1686,14 +1714,15 @@ BEGIN
     END IF;
     IF TG_OP IN ('INSERT', 'UPDATE') THEN
         WITH wants AS (
-            SELECT n.id, e.event, n.resource, n.tenant, n.active_since, n.filter_path
+            SELECT n.id, e.event, n.resource, n.tenant, n.active_since,
+                   n.filter_path IS NOT NULL AS filtered
               FROM came n
              CROSS JOIN LATERAL (SELECT DISTINCT x AS event FROM unnest(n.events) AS x) e
              WHERE n.active AND (v_changed IS NULL OR n.id = ANY (v_changed))
         ), added AS (
             INSERT INTO webhooks.subscription_events (subscription_id, event, resource,
-                                                      tenant, active_since, filter_path)
-            SELECT w2.id, w2.event, w2.resource, w2.tenant, w2.active_since, w2.filter_path
+                                                      tenant, active_since, filtered)
+            SELECT w2.id, w2.event, w2.resource, w2.tenant, w2.active_since, w2.filtered
               FROM wants w2
         )
         INSERT INTO webhooks.wanted_events AS w (resource, event, subscriptions)
@@ -1864,7 +1893,7 @@ CREATE TABLE webhooks.subscription_events (
     resource text NOT NULL,
     tenant text,
     active_since pg_snapshot NOT NULL,
-    filter_path jsonpath
+    filtered boolean DEFAULT false NOT NULL
 );
 
 ALTER TABLE webhooks.subscriptions ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
@@ -2100,7 +2129,11 @@ REVOKE ALL ON FUNCTION webhooks.row_sql(a webhooks.attachments) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.sent_columns(a webhooks.attachments) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION webhooks.settle_start(subscription_id bigint) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION webhooks.settle_subscription(subscription_id bigint, timeout interval) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION webhooks.settle_waiting(subscription_id bigint, among text[]) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.start_backfill(subscription_id bigint, max_per_owner integer) FROM PUBLIC;
 

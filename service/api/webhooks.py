@@ -46,7 +46,7 @@ from service.api.models import (
 from service.config import Settings
 from service.crypto import SecretBox
 from service.ssrf import TargetRejected, check_target
-from service.store import Store
+from service.store import Session, Store
 from service.tokens import Principal
 
 Pool = AsyncConnectionPool[Any]
@@ -115,12 +115,47 @@ async def _filter(store: Store, resource: str, names: list[str], given: Any
 
 
 async def _settle(store: Store, subscription_id: int, settings: Settings) -> None:
-    """Makes a subscription that just became active exact: see webhooks.settle_subscription."""
-    if not await store.settle_subscription(id=subscription_id,
-                                           timeout=settings.verify_timeout):
+    """Makes a subscription that just became active exact (webhooks.settle_waiting in
+    sql/triggers/capture.sql): waits for the writers whose capture probe ran before it
+    could be seen, then starts it. Each check is one short query, and no connection is
+    held between checks, so activations waiting for a long application transaction leave
+    the pool to everyone else's requests."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.verify_timeout
+    pause = 0.005
+    waiting: list[str] | None = None
+    while True:
+        waiting = await store.settle_waiting(id=subscription_id, among=waiting)
+        if waiting is None:
+            return  # made inactive or deleted meanwhile: nothing to start
+        left = deadline - loop.time()
+        if not waiting or left <= 0:
+            break
+        await asyncio.sleep(min(pause, left))
+        # Short at first (most writers commit within milliseconds), then gentler on
+        # pg_locks while a long transaction stays open.
+        pause = min(pause * 2, 0.1)
+    await store.settle_start(id=subscription_id)
+    if waiting:
         log.warning("subscription %s: a transaction writing to its resource was still open "
                     "after %gs; its changes may not reach the new subscription",
                     subscription_id, settings.verify_timeout)
+
+
+async def _check_filter_budget(session: Session, principal: Principal, subscription_id: int,
+                               path: str | None, settings: Settings) -> None:
+    """400 when activating a subscription with filter `path` would take the owner's active
+    filters past WEBHOOKS_MAX_FILTER_BYTES_PER_OWNER."""
+    if path is None:
+        return
+    row = await session.owner_filter_bytes(owner=principal.owner, id=subscription_id,
+                                           filter_path=path)
+    limit = settings.max_filter_bytes_per_owner
+    if row["used"] + row["wanted"] > limit:
+        raise ApiError(400, f"this filter compiles to {row['wanted']} bytes and this owner's "
+                            f"active subscriptions' filters to {row['used']}, over the limit "
+                            f"of {limit} bytes per owner (WEBHOOKS_MAX_FILTER_BYTES_PER_OWNER); "
+                            "pause or delete a filtered subscription, or use a smaller filter")
 
 
 def _too_many(limit: int) -> ApiError:
@@ -141,6 +176,7 @@ async def list_webhooks(
     request: Request[Any, Any, Any],
     principal: PrincipalDep,
     store: StoreDep,
+    settings: SettingsDep,
     resource: Annotated[str | None, Parameter(description="only this resource")] = None,
     active: Annotated[str | None, Parameter(description="true or false")] = None,
     limit: Annotated[str | None, Parameter(description="1 to 1000, default 100")] = None,
@@ -155,8 +191,16 @@ async def list_webhooks(
         resource=query_text("resource", resource), active=parse_active(active),
         after=parse_after(after), limit=wanted + 1)
     page = rows[:wanted]
+    # A page stops early, after the row that passes the byte budget (a page always holds
+    # one row): the next one starts after it, so paging still sees every row once.
+    size = 0
+    for n, (_, doc) in enumerate(page):
+        size += len(doc.encode()) + 1
+        if size > settings.max_page_bytes:
+            page = page[:n + 1]
+            break
     headers = {}
-    if len(rows) > wanted:
+    if len(rows) > len(page):
         query = {k: v for k, v in (("resource", resource), ("active", active)) if v is not None}
         query.update(limit=str(wanted), after=str(page[-1][0]))
         url = request.url.with_replacements(query=urlencode(query), fragment="")
@@ -207,6 +251,8 @@ async def create_webhook(
     limit = settings.max_subscriptions_per_owner
     if await store.count_subscriptions(owner=principal.owner) >= limit:
         raise _too_many(limit)
+    async with store.session() as s:
+        await _check_filter_budget(s, principal, 0, path, settings)
     # No connection is held here: the handshake may take the whole verify timeout.
     secret = new_secret()
     try:
@@ -217,6 +263,7 @@ async def create_webhook(
     metrics.handshake("verified")
     async with store.transaction() as s:
         await s.lock_owner(owner=principal.owner)
+        await _check_filter_budget(s, principal, 0, path, settings)
         row = await s.insert_subscription(
             owner=principal.owner, tenant=principal.tenant, resource=resource, events=names,
             target=target, secret=box.seal(secret), max=limit, filter=filter_,
@@ -280,6 +327,11 @@ async def update_webhook(
                 events.check(current.events.split(","), registry, current.resource)
             except events.EventsError as exc:
                 raise ApiError(400, f"cannot activate webhook {number}: {exc}") from None
+        if active and not current.active and current.filter is not None:
+            # The owner's filters are counted under the lock creates take too.
+            await s.lock_owner(owner=principal.owner)
+            stored = await s.subscription_filter_path(id=number)
+            await _check_filter_budget(s, principal, number, stored, settings)
         updated = await s.set_subscription_active(id=number, owner=principal.owner,
                                                   tenant=principal.tenant, active=active)
     assert updated is not None

@@ -90,8 +90,25 @@ class ApiQueries(AsyncQueries):
                                {"id": id, "owner": owner, "tenant": tenant})
         return bool(rows)
 
-    async def settle_subscription(self, *, id: int, timeout: float) -> bool:
-        """Waits for the open writers of a newly active subscription; False on timeout."""
-        (settled,) = await self._one("api_subscription_settle",
-                                     {"id": id, "timeout": timeout}, row=tuple_row)
-        return bool(settled)
+    async def settle_waiting(self, *, id: int, among: list[str] | None) -> list[str] | None:
+        """The writers (of `among`, when given) whose capture probe could not see the newly
+        active subscription yet; None when it is no longer active."""
+        (waiting,) = await self._one("api_settle_waiting", {"id": id, "among": among},
+                                     row=tuple_row)
+        return list(waiting) if waiting is not None else None
+
+    async def settle_start(self, *, id: int) -> None:
+        """Starts the subscription's capture from now (webhooks.settle_start)."""
+        await self._one("api_settle_start", {"id": id})
+
+    async def owner_filter_bytes(self, *, owner: str, id: int, filter_path: str
+                                 ) -> dict[str, Any]:
+        """What the owner's other active filters compile to ({"used"}) and `filter_path`
+        ({"wanted"}), in bytes."""
+        return await self._one("api_owner_filter_bytes",
+                               {"owner": owner, "id": id, "filter_path": filter_path})
+
+    async def subscription_filter_path(self, *, id: int) -> str | None:
+        """The subscription's compiled filter, or None."""
+        row = await self._one("api_subscription_filter_path", {"id": id})
+        return row["filter_path"] if row else None

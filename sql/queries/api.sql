@@ -115,7 +115,22 @@ DELETE FROM webhooks.subscriptions
    AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
 RETURNING id
 
--- name: api_subscription_settle --
--- After a subscription became active (created or re-activated, committed): waits for the
--- writers whose capture probe could not see it yet, then starts it (SPEC section 5).
-SELECT webhooks.settle_subscription(%(id)s, make_interval(secs => %(timeout)s)) AS settled
+-- name: api_settle_waiting --
+-- After a subscription became active (created or re-activated, committed): the writers
+-- whose capture probe could not see it yet (SPEC section 5), polled without waiting.
+SELECT webhooks.settle_waiting(%(id)s, %(among)s::text[]) AS waiting
+
+-- name: api_settle_start --
+SELECT webhooks.settle_start(%(id)s) AS started
+
+-- name: api_owner_filter_bytes --
+-- What the owner's active filters compile to, in bytes, leaving out subscription `id`
+-- (the one being activated), and what `filter_path` (the new one) does.
+SELECT coalesce(sum(octet_length(filter_path::text)), 0)::bigint AS used,
+       coalesce(octet_length(%(filter_path)s::jsonpath::text), 0)::bigint AS wanted
+  FROM webhooks.subscriptions
+ WHERE owner = %(owner)s AND owner >= %(owner)s AND owner <= %(owner)s
+   AND active AND filter_path IS NOT NULL AND id <> %(id)s
+
+-- name: api_subscription_filter_path --
+SELECT filter_path::text AS filter_path FROM webhooks.subscriptions WHERE id = %(id)s

@@ -42,14 +42,18 @@ WITH lock AS (
     -- inactive, or did not exist, when the change committed) gets nothing.
     -- A subscription's filter (SPEC section 9) is checked on the row as sent (no row, for a
     -- table attached with include_row false, is {}), after the tenant scope and the
-    -- attachment's excluded columns.
+    -- attachment's excluded columns; only a filtered subscription's row is looked up
+    -- (by primary key) for its filter, which is stored once per subscription.
     SELECT ch.event_id, se.subscription_id
       FROM changes ch
       JOIN webhooks.subscription_events se
         ON se.resource = ch.hook_resource AND se.event = ch.name AND se.tenant IS NULL
      WHERE ch.problem IS NULL
        AND (ch.xid IS NULL OR NOT pg_visible_in_snapshot(ch.xid, se.active_since))
-       AND webhooks.filter_passes(se.filter_path, ch.row_data, ch.changed)
+       AND (NOT se.filtered
+            OR webhooks.filter_passes((SELECT s.filter_path FROM webhooks.subscriptions s
+                                        WHERE s.id = se.subscription_id),
+                                      ch.row_data, ch.changed))
     UNION ALL
     SELECT ch.event_id, se.subscription_id
       FROM changes ch
@@ -57,7 +61,10 @@ WITH lock AS (
         ON se.resource = ch.hook_resource AND se.event = ch.name AND se.tenant = ch.tenant
      WHERE ch.problem IS NULL AND ch.tenant_scoped
        AND (ch.xid IS NULL OR NOT pg_visible_in_snapshot(ch.xid, se.active_since))
-       AND webhooks.filter_passes(se.filter_path, ch.row_data, ch.changed)
+       AND (NOT se.filtered
+            OR webhooks.filter_passes((SELECT s.filter_path FROM webhooks.subscriptions s
+                                        WHERE s.id = se.subscription_id),
+                                      ch.row_data, ch.changed))
     UNION ALL
     SELECT ch.event_id, se.subscription_id
       FROM changes ch
@@ -65,7 +72,10 @@ WITH lock AS (
         ON se.resource = ch.hook_resource AND se.event = ch.name AND se.tenant IS NOT NULL
      WHERE ch.problem IS NULL AND NOT ch.tenant_scoped
        AND (ch.xid IS NULL OR NOT pg_visible_in_snapshot(ch.xid, se.active_since))
-       AND webhooks.filter_passes(se.filter_path, ch.row_data, ch.changed)
+       AND (NOT se.filtered
+            OR webhooks.filter_passes((SELECT s.filter_path FROM webhooks.subscriptions s
+                                        WHERE s.id = se.subscription_id),
+                                      ch.row_data, ch.changed))
 ), kept AS (
     INSERT INTO webhooks.events (id, hook_resource, name, tenant, occurred_at, body)
     SELECT ch.event_id, ch.hook_resource, ch.name, ch.tenant, ch.occurred_at,

@@ -752,7 +752,9 @@ $$;
 
 -- The registry of what active subscriptions want (webhooks.subscription_events, and its
 -- counts per event in webhooks.wanted_events), kept exact by every write to
--- webhooks.subscriptions, whoever makes it (API, CLI or SQL).
+-- webhooks.subscriptions, whoever makes it (API, CLI or SQL). A row says only whether its
+-- subscription has a filter: the filter itself is stored once, with the subscription
+-- (a copy per event multiplied an owner's filter bytes by its events).
 CREATE OR REPLACE FUNCTION webhooks.subscription_activated() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -774,8 +776,10 @@ BEGIN
         -- Most updates (the worker's last_* fields) change nothing the registry holds.
         SELECT array_agg(o.id) INTO v_changed
           FROM gone o JOIN came n ON n.id = o.id
-         WHERE (o.active, o.events, o.resource, o.tenant, o.active_since::text)
-               IS DISTINCT FROM (n.active, n.events, n.resource, n.tenant, n.active_since::text);
+         WHERE (o.active, o.events, o.resource, o.tenant, o.active_since::text,
+                o.filter_path IS NULL)
+               IS DISTINCT FROM (n.active, n.events, n.resource, n.tenant, n.active_since::text,
+                                 n.filter_path IS NULL);
         IF v_changed IS NULL THEN
             RETURN NULL;
         END IF;
@@ -797,14 +801,15 @@ BEGIN
     END IF;
     IF TG_OP IN ('INSERT', 'UPDATE') THEN
         WITH wants AS (
-            SELECT n.id, e.event, n.resource, n.tenant, n.active_since, n.filter_path
+            SELECT n.id, e.event, n.resource, n.tenant, n.active_since,
+                   n.filter_path IS NOT NULL AS filtered
               FROM came n
              CROSS JOIN LATERAL (SELECT DISTINCT x AS event FROM unnest(n.events) AS x) e
              WHERE n.active AND (v_changed IS NULL OR n.id = ANY (v_changed))
         ), added AS (
             INSERT INTO webhooks.subscription_events (subscription_id, event, resource,
-                                                      tenant, active_since, filter_path)
-            SELECT w2.id, w2.event, w2.resource, w2.tenant, w2.active_since, w2.filter_path
+                                                      tenant, active_since, filtered)
+            SELECT w2.id, w2.event, w2.resource, w2.tenant, w2.active_since, w2.filtered
               FROM wants w2
         )
         INSERT INTO webhooks.wanted_events AS w (resource, event, subscriptions)
@@ -834,40 +839,75 @@ CREATE TRIGGER subscriptions_4_registry_delete AFTER DELETE ON webhooks.subscrip
     FOR EACH STATEMENT EXECUTE FUNCTION webhooks.subscription_registry();
 
 
--- Makes a subscription that was just made active exact: waits (up to `timeout`) until
--- every transaction whose capture probe may have run before the subscription could be
--- seen has ended, then moves its start to now. Changes of those transactions count as
--- before the subscription; every later change is captured for it. The API calls this
--- after creating or re-activating a subscription; true when no such writer was left.
+-- Settling a subscription that was just made active (created or re-activated, committed):
+-- the transactions whose capture probe may have run before the subscription could be seen
+-- are the ones holding the probe lock of its resource now. Their changes count as before
+-- the subscription; once they have ended (or the wait timed out), its start moves to now,
+-- and every later change is captured for it.
+--
+-- webhooks.settle_waiting never waits: it returns the virtual transaction ids of those
+-- writers (only those still among `among`, the previous answer, when given), '{}' when
+-- none is left, NULL when the subscription is not active. The API calls it every few
+-- milliseconds from Python, holding no connection between calls, so that subscriptions
+-- waiting for a long application transaction never take the connections other requests
+-- need; then webhooks.settle_start.
+CREATE OR REPLACE FUNCTION webhooks.settle_waiting(subscription_id bigint,
+                                                   among text[] DEFAULT NULL)
+RETURNS text[]
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_resource text;
+BEGIN
+    SELECT s.resource INTO v_resource FROM webhooks.subscriptions s
+     WHERE s.id = settle_waiting.subscription_id AND s.active;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    RETURN coalesce(
+        (SELECT array_agg(l.virtualtransaction)
+           FROM pg_locks l
+          WHERE l.locktype = 'advisory' AND l.granted AND l.pid <> pg_backend_pid()
+            AND l.database = (SELECT d.oid FROM pg_database d
+                               WHERE d.datname = current_database())
+            AND l.classid = webhooks.probe_lock_class()::oid
+            AND l.objid = hashtext(v_resource)::oid AND l.objsubid = 2
+            AND (settle_waiting.among IS NULL
+                 OR l.virtualtransaction = ANY (settle_waiting.among))),
+        '{}');
+END
+$$;
+
+-- Starts a settled subscription now; false when it is not active.
+CREATE OR REPLACE FUNCTION webhooks.settle_start(subscription_id bigint) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    UPDATE webhooks.subscriptions s SET active_since = pg_current_snapshot()
+     WHERE s.id = settle_start.subscription_id AND s.active;
+    RETURN FOUND;
+END
+$$;
+
+-- Both steps in one call, waiting (up to `timeout`) inside it, for a DBA or a script that
+-- activates a subscription in SQL; true when no such writer was left. It holds its
+-- connection while it waits: the API polls webhooks.settle_waiting instead.
 CREATE OR REPLACE FUNCTION webhooks.settle_subscription(subscription_id bigint,
                                                         timeout interval DEFAULT '5s')
 RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_resource text;
     v_waiting text[];
     v_deadline timestamptz := clock_timestamp() + settle_subscription.timeout;
 BEGIN
-    SELECT s.resource INTO v_resource FROM webhooks.subscriptions s
-     WHERE s.id = settle_subscription.subscription_id AND s.active;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
     LOOP
-        SELECT array_agg(l.virtualtransaction) INTO v_waiting
-          FROM pg_locks l
-         WHERE l.locktype = 'advisory' AND l.granted AND l.pid <> pg_backend_pid()
-           AND l.database = (SELECT d.oid FROM pg_database d
-                              WHERE d.datname = current_database())
-           AND l.classid = webhooks.probe_lock_class()::oid
-           AND l.objid = hashtext(v_resource)::oid AND l.objsubid = 2
-           AND (v_waiting IS NULL OR l.virtualtransaction = ANY (v_waiting));
-        EXIT WHEN v_waiting IS NULL OR clock_timestamp() >= v_deadline;
+        v_waiting := webhooks.settle_waiting(settle_subscription.subscription_id, v_waiting);
+        IF v_waiting IS NULL THEN
+            RETURN false;
+        END IF;
+        EXIT WHEN v_waiting = '{}' OR clock_timestamp() >= v_deadline;
         PERFORM pg_sleep(0.005);
     END LOOP;
-    UPDATE webhooks.subscriptions s SET active_since = pg_current_snapshot()
-     WHERE s.id = settle_subscription.subscription_id AND s.active;
-    RETURN v_waiting IS NULL;
+    PERFORM webhooks.settle_start(settle_subscription.subscription_id);
+    RETURN v_waiting = '{}';
 END
 $$;
 
