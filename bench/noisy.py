@@ -12,7 +12,12 @@ The loads, each from the noisy owner alone:
 - list: 1,000 subscriptions with 8 KB filters (the most a filter may have; 41 KB before
   the budget) and four clients fetching `GET /api/v1/webhooks/?limit=1000` in a loop;
 - activation: 12 concurrent re-activations (`PUT {"active": true}`) while an application
-  transaction that wrote to the table stays open, so that every one waits for it.
+  transaction that wrote to the table stays open, so that every one waits for it;
+- wide rows: a 300-column row of about 900 KB, attached with include_previous and
+  subscribed to by the noisy owner, updated twice; then the quiet row, as for filters;
+- backfills: 20 running backfills of a 5,000-row table by the noisy owner (started in SQL,
+  past WEBHOOKS_MAX_BACKFILLS_PER_OWNER), then one by the quiet owner: the time to its
+  first snapshot.
 The quiet owner's `GET /api/v1/webhooks/` runs one request after another during each load
 (and alone, for the limit); its p99 is reported. Subscriptions are inserted directly (no
 handshake), with their filters compiled by service/filters.py as the API would.
@@ -94,16 +99,69 @@ def list_filter(budgeted: bool) -> dict[str, Any]:
 
 
 def _subscribe(conn: psycopg.Connection[Any], owner: str, count: int, target: str,
-               events: list[str], filter_: dict[str, Any] | None, active: bool = True
-               ) -> list[int]:
+               events: list[str], filter_: dict[str, Any] | None, active: bool = True,
+               resource: str = TABLE) -> list[int]:
     path = filters.compile_path(filter_) if filter_ else None
     rows = conn.execute(
         "INSERT INTO webhooks.subscriptions (owner, resource, events, target, secret, active,"
         " filter, filter_path) SELECT %s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonpath"
         " FROM generate_series(1, %s) RETURNING id",
-        (owner, TABLE, events, target, new_secret(), active,
+        (owner, resource, events, target, new_secret(), active,
          json.dumps(filter_) if filter_ else None, path, count)).fetchall()
     return [r[0] for r in rows]
+
+
+WIDE_COLUMNS = 300
+WIDE_BYTES = 3000
+BACKFILLS = 20
+BACKFILL_ROWS = 5000
+
+
+def _wide_table(conn: psycopg.Connection[Any]) -> str:
+    """A 300-column table of one ~900 KB row, attached with include_previous; returns the
+    UPDATE that changes every other column."""
+    conn.execute("DROP TABLE IF EXISTS public.wide_rows")
+    cols = ", ".join(f"c{i} text" for i in range(1, WIDE_COLUMNS + 1))
+    conn.execute(f"CREATE TABLE public.wide_rows (id int PRIMARY KEY, {cols})")
+    conn.execute("SELECT webhooks.attach('public.wide_rows', 'wide_rows', 'wide_row',"
+                 " include_previous => true)")
+    values = ", ".join(f"repeat('{chr(97 + i % 26)}', {WIDE_BYTES})"
+                       for i in range(1, WIDE_COLUMNS + 1))
+    conn.execute(f"INSERT INTO public.wide_rows VALUES (1, {values})")
+    sets = ", ".join(f"c{i} = c{i} || 'x'" for i in range(1, WIDE_COLUMNS + 1, 2))
+    return f"UPDATE public.wide_rows SET {sets}"
+
+
+def _backfills(ctx: Context, conn: psycopg.Connection[Any]) -> Result:
+    """Seconds from the start of the quiet owner's backfill to its first snapshot, while
+    the noisy owner's BACKFILLS run, beside the same alone."""
+    conn.execute(f"INSERT INTO public.{TABLE} SELECT FROM generate_series(1, %s)",
+                 (BACKFILL_ROWS,))
+    quiet = _subscribe(conn, "quiet-backfill", 1, ctx.target("lat"), ["noisy_row.create"],
+                       None)[0]
+
+    def first_snapshot() -> float | None:
+        wait_until(lambda: _idle(conn), 300, interval=0.1)
+        ctx.reset_receiver()
+        conn.execute("SELECT webhooks.start_backfill(%s)", (quiet,))
+        started = time.time()
+        if not wait_until(lambda: bool(ctx.times()), 120, interval=0.02):
+            return None
+        first = min(t for _, t in ctx.times()) - started
+        conn.execute("UPDATE webhooks.backfills SET status = 'done' WHERE status = 'running'")
+        return first
+
+    alone = first_snapshot()
+    noisy = _subscribe(conn, "noisy", BACKFILLS, ctx.target("noisy"), ["noisy_row.create"],
+                       None)
+    for sid in noisy:
+        conn.execute("SELECT webhooks.start_backfill(%s)", (sid,))
+    loaded = first_snapshot()
+    conn.execute("DELETE FROM webhooks.subscriptions WHERE owner = 'quiet-backfill'")
+    return ceiling_result(
+        "noisy_neighbour: quiet backfill's first snapshot", loaded, alone, "s", 2.0,
+        f"{BACKFILLS} noisy backfills of a {BACKFILL_ROWS:,}-row table running (started in "
+        "SQL, past WEBHOOKS_MAX_BACKFILLS_PER_OWNER); limit = the quiet backfill alone")
 
 
 def _drop_owner(conn: psycopg.Connection[Any], owner: str) -> None:
@@ -117,12 +175,16 @@ def _idle(conn: psycopg.Connection[Any]) -> bool:
     return row is not None and row[0] == 0
 
 
-def _late(ctx: Context, conn: psycopg.Connection[Any], timeout: float) -> float | None:
-    """Seconds from the commit of a quiet row written right after WRITES noisy-matched
-    inserts to its receipt (None: not within `timeout`)."""
+def _late(ctx: Context, conn: psycopg.Connection[Any], timeout: float,
+          noisy: Callable[[], None] | None = None) -> float | None:
+    """Seconds from the commit of a quiet row written right after the noisy owner's writes
+    (default: WRITES inserts its subscriptions match) to its receipt (None: not within
+    `timeout`)."""
     wait_until(lambda: _idle(conn), 120, interval=0.1)
     ctx.reset_receiver()
-    for _ in range(WRITES):
+    if noisy is not None:
+        noisy()
+    for _ in range(WRITES if noisy is None else 0):
         conn.execute(f"INSERT INTO public.{TABLE} DEFAULT VALUES")
     row = conn.execute(f"INSERT INTO public.{TABLE} DEFAULT VALUES RETURNING id").fetchone()
     committed = time.time()
@@ -237,6 +299,29 @@ def scenario(ctx: Context) -> list[Result]:
                 results.append(ceiling_result(name, late, alone, "s", 2.0, notes)
                                if label == "admitted" else
                                info_result(name, late, alone, "s", notes))
+            _drop_owner(conn, "noisy")
+
+            # -- wide rows: the quiet owner's next delivery --------------------------------
+            wide = _wide_table(conn)
+            _subscribe(conn, "noisy", 1, ctx.target("noisy"), ["wide_row.update"], None,
+                       resource="wide_rows")
+
+            def update_twice() -> None:
+                for _ in range(2):
+                    conn.execute(wide)
+
+            late = _late(ctx, conn, 180, update_twice)
+            results.append(ceiling_result(
+                "noisy_neighbour: quiet delivery late, 900 KB rows updated", late, alone,
+                "s", 2.0, f"a {WIDE_COLUMNS}-column row of about "
+                f"{WIDE_COLUMNS * WIDE_BYTES // 1000:,} KB attached with include_previous, "
+                "updated twice (every other column) by the noisy owner's subscription's "
+                "table, then the quiet row; limit = the quiet row alone"))
+            _drop_owner(conn, "noisy")
+            conn.execute("DROP TABLE public.wide_rows")
+
+            # -- backfills: the quiet owner's first snapshot -------------------------------
+            results.append(_backfills(ctx, conn))
             _drop_owner(conn, "noisy")
 
         with _api(ctx) as base:
