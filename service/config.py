@@ -209,7 +209,7 @@ class Settings:
     # Requests per second per API token, per API process, with bursts of rate_burst; 0 = off.
     rate_limit: float = setting("WEBHOOKS_RATE_LIMIT", number(0.0), 100.0)
     rate_burst: int = setting("WEBHOOKS_RATE_BURST", whole, 200)
-    # The failure lifecycle (SPEC section 7): webhook.failing after failing_after of unbroken
+    # The failure lifecycle: webhook.failing after failing_after of unbroken
     # failure, auto-disable after disable_after (0 = never); a rotated-out secret still
     # signs for secret_overlap.
     failing_after: float = setting("WEBHOOKS_FAILING_AFTER", duration, 3600.0)

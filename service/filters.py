@@ -1,4 +1,4 @@
-"""Subscription filters (SPEC section 9): checked once at create, compiled to one SQL/JSON
+"""Subscription filters: checked once at create, compiled to one SQL/JSON
 path predicate that fan-out evaluates in Postgres for each change
 (webhooks.filter_passes in sql/fanout.sql), and the same semantics in plain Python
 (`evaluate`), which the tests compare against Postgres on random rows and filters.

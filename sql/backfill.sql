@@ -1,4 +1,4 @@
--- Backfill (SPEC section 10): every current row of the tables a subscription listens to,
+-- Backfill: every current row of the tables a subscription listens to,
 -- delivered once as `<noun>.snapshot` through the normal queue. Re-applied by every
 -- `webhooks migrate` (sql/replaceable.txt); the REST API starts backfills
 -- (webhooks.start_backfill) and the workers run them a batch at a time

@@ -77,7 +77,7 @@ SELECT o.id AS outbox_id, c.n, o.hook_resource, o.name, o.resource, c.resource_i
   FROM webhooks.outbox o
  CROSS JOIN LATERAL webhooks.changes(o) c;
 
--- Whether a change passes a subscription's filter (SPEC section 9): `filter_path` is the
+-- Whether a change passes a subscription's filter: `filter_path` is the
 -- filter compiled by the API (service/filters.py) to a strict SQL/JSON path predicate on
 -- the row as sent, with $changed (the changed columns, [] unless an update) and $update.
 -- NULL passes everything; an error (a column that is not there any more) passes nothing.
@@ -95,7 +95,7 @@ LANGUAGE sql STABLE AS $$
                true), false)
 $$;
 
--- The delivery body of an event (SPEC section 5; `parent` goes inside `event`), built
+-- The delivery body of an event (`parent` goes inside `event`), built
 -- once per event when it is queued: fan-out, the operational events and test events all
 -- use it. `members` holds what follows the envelope (`resource`, or `resource_omitted`,
 -- and `previous`); `changed` (an update's changed columns) goes inside `event`;

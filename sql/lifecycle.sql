@@ -1,4 +1,4 @@
--- The failure lifecycle of subscriptions (SPEC section 7): operational events and
+-- The failure lifecycle of subscriptions: operational events and
 -- auto-disable. Re-applied by every `webhooks migrate`, after sql/fanout.sql and
 -- sql/recovery.sql; the hook events webhook.disabled, .failing and .recovered are rows that
 -- migration 0004 registered.

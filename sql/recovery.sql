@@ -1,4 +1,4 @@
--- Redelivery and recovery (SPEC section 7): the one implementation that the REST API,
+-- Redelivery and recovery: the one implementation that the REST API,
 -- the `webhooks` CLI and a DBA at a psql prompt all call. Re-applied by every
 -- `webhooks migrate`, after sql/fanout.sql.
 --

@@ -1,4 +1,4 @@
-"""Backfill (SPEC section 10): deliver every current row of a subscription's tables as
+"""Backfill: deliver every current row of a subscription's tables as
 `<noun>.snapshot` events through the normal queue, and follow its progress.
 
 The API only starts a backfill (webhooks.start_backfill, sql/backfill.sql); the workers

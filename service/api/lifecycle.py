@@ -1,4 +1,4 @@
-"""Secret rotation (SPEC section 7): `POST /api/v1/webhooks/:id/rotate_secret`.
+"""Secret rotation: `POST /api/v1/webhooks/:id/rotate_secret`.
 
 A fresh secret is verified with the handshake of creation (the target echoes
 `X-Hook-Secret`) before it is stored; the secret it replaces keeps signing beside it for

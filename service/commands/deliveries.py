@@ -1,5 +1,5 @@
 """`webhooks deliveries list|show|redeliver` and `webhooks recover`: the delivery log and
-recovery for operators (SPEC section 7). Redeliver and recover call the same SQL functions
+recovery for operators. Redeliver and recover call the same SQL functions
 as the REST API, webhooks.redeliver and webhooks.recover (sql/recovery.sql); an operator
 sees every owner's subscriptions."""
 

@@ -1,4 +1,4 @@
-"""Backfills (SPEC section 10; sql/backfill.sql): each worker runs the running backfills a
+"""Backfills (sql/backfill.sql): each worker runs the running backfills a
 batch at a time, as a supervised side task.
 
 A batch is one short transaction (webhooks.backfill_step): it takes a running backfill

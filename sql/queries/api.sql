@@ -18,7 +18,7 @@ SELECT e.event, e.public,
 -- name: api_event_columns --
 -- For each of a subscription's events, whether it sends a row (a truncate never does) and the columns it may
 -- send or name as changed (not excluded, within the allow-list), in table order; NULL
--- columns for the service's own events, which come from no table (filters: SPEC 9).
+-- columns for the service's own events, which come from no table (filters).
 SELECT e.event, a.include_row AND e.event NOT LIKE '%%.truncate' AS include_row,
        CASE WHEN a.table_oid IS NOT NULL THEN
            ARRAY(SELECT t.attname::text FROM pg_attribute t
@@ -117,7 +117,7 @@ RETURNING id
 
 -- name: api_settle_waiting --
 -- After a subscription became active (created or re-activated, committed): the writers
--- whose capture probe could not see it yet (SPEC section 5), polled without waiting.
+-- whose capture probe could not see it yet, polled without waiting.
 SELECT webhooks.settle_waiting(%(id)s, %(among)s::text[]) AS waiting
 
 -- name: api_settle_start --

@@ -1,4 +1,4 @@
--- Backfill (SPEC section 10; sql/backfill.sql): the REST API starts backfills and shows
+-- Backfill (sql/backfill.sql): the REST API starts backfills and shows
 -- their progress (service/api/backfills.py), the workers run them a batch at a time
 -- (service/worker/backfill.py), `webhooks status` lists the running and failed ones.
 

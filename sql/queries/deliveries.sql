@@ -1,4 +1,4 @@
--- Queries of the delivery log, redelivery, recovery and test events (SPEC section 7);
+-- Queries of the delivery log, redelivery, recovery and test events;
 -- used by the REST API (service/api/deliveries.py) and the CLI
 -- (service/commands/deliveries.py). The API scopes by owner and tenant with
 -- deliveries_subscription first; the CLI, an operator's tool, sees every subscription.

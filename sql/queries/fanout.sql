@@ -40,7 +40,7 @@ WITH lock AS (
     -- the change's tenant, and every tenant's when the table has no tenant column.
     -- A subscription whose activation saw the writing transaction as committed (it was
     -- inactive, or did not exist, when the change committed) gets nothing.
-    -- A subscription's filter (SPEC section 9) is checked on the row as sent (no row, for a
+    -- A subscription's filter is checked on the row as sent (no row, for a
     -- table attached with include_row false, is {}), after the tenant scope and the
     -- attachment's excluded columns; only a filtered subscription's row is looked up
     -- (by primary key) for its filter, which is stored once per subscription.

@@ -18,7 +18,7 @@ WITH busy AS (
     SELECT owner, n
       FROM unnest(%(owner_names)s::text[], %(owner_counts)s::int[]) AS b (owner, n)
 ), strict_heads AS MATERIALIZED (
-    -- A strict subscription (SPEC section 10) sends only its first pending delivery, in
+    -- A strict subscription sends only its first pending delivery, in
     -- id order, which is event order: while one is in flight it is that first one
     -- (leased, not due), and a failing one holds the later ones until it succeeds or
     -- fails for good, across every worker. One index probe per strict subscription

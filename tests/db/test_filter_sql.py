@@ -1,4 +1,4 @@
-"""Filters (SPEC section 9): the compiled SQL/JSON path against a plain Python reference on
+"""Filters: the compiled SQL/JSON path against a plain Python reference on
 random rows and filters."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Auto-disable (SPEC section 7): a subscription whose every attempt has failed for
+"""Auto-disable: a subscription whose every attempt has failed for
 WEBHOOKS_DISABLE_AFTER since its first failure after its last success becomes inactive,
 says why and since when, and its pending deliveries fail; a shorter outage changes
 nothing; re-activation starts afresh; 0 turns it off. Real receivers, a real worker, tiny

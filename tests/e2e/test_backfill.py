@@ -1,4 +1,4 @@
-"""Backfill (SPEC section 10): every current row delivered once as `<noun>.snapshot` through
+"""Backfill: every current row delivered once as `<noun>.snapshot` through
 the normal queue, with the subscription's tenant scope, excluded columns and filter; short
 batches that resume after a killed worker and leave the application's writers alone; the
 API's answers to bad requests."""

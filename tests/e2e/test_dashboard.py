@@ -1,6 +1,6 @@
-"""The dashboard (SPEC section 8) in a real headless Chromium: Debian's `chromium`, driven by
+"""The dashboard in a real headless Chromium: Debian's `chromium`, driven by
 Playwright pointed at the installed binary (nothing downloads a browser). A real API, worker
-and receivers; the page is driven by the accessible names of the SPEC.
+and receivers; the page is driven by the accessible names the page promises.
 
 Without chromium (or the playwright package) the browser tests are skipped, saying what to
 install. With WEBHOOKS_SCREENSHOT=docs/dashboard.png the test writes the README's picture."""

@@ -1,4 +1,4 @@
-"""The delivery log (SPEC section 7): list with filters and cursor pages, one delivery with
+"""The delivery log: list with filters and cursor pages, one delivery with
 its payload as sent and its attempts, scoping, 400s, the index, test events."""
 
 from __future__ import annotations

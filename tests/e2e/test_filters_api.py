@@ -1,4 +1,4 @@
-"""Filters and change-aware payloads (SPEC section 9) over the API, with a worker: what
+"""Filters and change-aware payloads over the API, with a worker: what
 integrators receive: only matching changes, event.changed, previous."""
 
 from __future__ import annotations

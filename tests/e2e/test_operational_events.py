@@ -1,4 +1,4 @@
-"""Operational events (SPEC section 7): webhook.failing, webhook.recovered and
+"""Operational events: webhook.failing, webhook.recovered and
 webhook.disabled under resource `webhooks`, queued once per episode to the same owner's
 (and tenant's) subscriptions to them, never about themselves; signed like any delivery.
 Real receivers (an outage is a receiver answering 503), a real worker, tiny durations."""

@@ -1,4 +1,4 @@
-"""Redelivery and recovery (SPEC section 7): an outage (a receiver answering 503) exhausts
+"""Redelivery and recovery: an outage (a receiver answering 503) exhausts
 the retry schedule, recover brings the failed deliveries back, and they succeed with the
 same ids, in event order; the SQL functions underneath, their errors and their rights."""
 

@@ -1,4 +1,4 @@
-"""Secret rotation (SPEC section 7): a new secret verified by the handshake before it is
+"""Secret rotation: a new secret verified by the handshake before it is
 used, both signatures during WEBHOOKS_SECRET_OVERLAP, only the new one after it; a failed
 handshake keeps the old secret. Checked with the `standardwebhooks` library."""
 

@@ -1,4 +1,4 @@
-"""Strict ordering (SPEC section 10): one delivery in flight at a time across every
+"""Strict ordering: one delivery in flight at a time across every
 worker, in event order, a failing delivery holding the later ones; unordered
 subscriptions beside it keep their concurrency."""
 

@@ -1,4 +1,5 @@
-"""Settings: each variable declared once beside its field; the README's table agrees."""
+"""Settings: each variable declared once beside its field; docs/configuration.md's table
+agrees."""
 
 from __future__ import annotations
 
@@ -9,15 +10,14 @@ import pytest
 
 from service.config import ConfigError, Settings
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+TABLE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 _ROW = re.compile(r"^\|\s*`([A-Z_]+)`\s*\|([^|]*)\|")
 _CODE = re.compile(r"^`([^`]*)`$")
 
 
 def readme_table() -> dict[str, str]:
-    """{variable: default cell} of the table under "## Configuration" in README.md."""
-    section = README.read_text().split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
-    rows = (_ROW.match(line) for line in section.splitlines())
+    """{variable: default cell} of the table in docs/configuration.md."""
+    rows = (_ROW.match(line) for line in TABLE.read_text().splitlines())
     return {m.group(1): m.group(2).strip() for m in rows if m}
 
 

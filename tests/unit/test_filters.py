@@ -1,4 +1,4 @@
-"""Filters (SPEC section 9): the checks at create. The compiled SQL/JSON path against the
+"""Filters: the checks at create. The compiled SQL/JSON path against the
 Python reference: tests/db/test_filter_sql.py; over the API: tests/e2e/test_filters_api.py."""
 
 from __future__ import annotations
