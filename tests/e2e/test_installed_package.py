@@ -30,6 +30,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert "service/sql/queries/api.sql" in names
     assert "service/sql/triggers/capture.sql" in names
     assert "service/sql/replaceable.txt" in names
+    assert "service/sql/schema.dump.sql" in names
+    assert {f"service/api/apidocs/static/{name}" for name in (
+        "swagger-ui-bundle.js", "swagger-ui.css", "init.js", "swagger-ui.LICENSE.txt")
+        } <= set(names)
     assert {f"service/api/dashboard/static/{name}" for name in (
         "index.html", "app.js", "api.js", "view.js", "dashboard.css")} <= set(names)
     venv = root / "venv"
@@ -92,6 +96,10 @@ def test_the_installed_wheel_migrates_creates_a_token_and_serves(
         listed = httpx.get(f"http://127.0.0.1:{port}/api/v1/webhooks",
                            headers={"Authorization": f"Bearer {token}"}, timeout=5)
         assert listed.status_code == 200 and listed.json() == []
+        # The API documentation's files come from the installed package.
+        docs = httpx.get(f"http://127.0.0.1:{port}/schema/static/swagger-ui-bundle.js",
+                         timeout=5)
+        assert docs.status_code == 200 and len(docs.content) > 1_000_000
     finally:
         server.terminate()
         server.wait(timeout=30)
