@@ -36,3 +36,14 @@ export function timeCell(value) {
   if (value) td.title = String(value);
   return td;
 }
+
+// A URL that may break after each "/" (a <wbr> node, never parsed HTML), whole in the title.
+export function targetCell(value) {
+  const td = el("td", { class: "target", attrs: { title: value } });
+  const parts = String(value).split("/");
+  parts.forEach((part, index) => {
+    td.append(document.createTextNode(index < parts.length - 1 ? `${part}/` : part));
+    if (index < parts.length - 1) td.append(document.createElement("wbr"));
+  });
+  return td;
+}
