@@ -161,3 +161,28 @@ async def test_recover_asks_before_queueing(api: Api, browser: Any) -> None:
         f"{api.url}/api/v1/webhooks/{sub['id']}/recover"]
     await page.screenshot(path="/tmp/dash-recover.png", full_page=True)
     await context.close()
+
+
+async def test_paused_by_the_owner_is_not_disabled_by_the_service(api: Api, browser: Any) -> None:
+    from playwright.async_api import expect
+
+    paused = await api.create()
+    stopped = await api.create(target=api.receiver.url + "/stopped")
+    answer = await api.request("PUT", f"/api/v1/webhooks/{paused['id']}/", json={"active": False})
+    assert answer.status_code == 200, answer.text
+    api.sql("UPDATE webhooks.subscriptions SET active = false, inactive_reason = %s,"
+            " last_failure_at = now(), last_status = 503 WHERE id = %s",
+            "disabled after failing for 3 days", stopped["id"])
+    context, page = await connected(api, browser)
+    owner = page.locator(f'#subscription-rows tr[data-subscription="{paused["id"]}"]')
+    service = row_of(page, "/stopped")
+    await expect(owner.get_by_text("paused", exact=True)).to_be_visible()
+    await expect(owner.get_by_text("disabled", exact=True)).to_have_count(0)
+    await expect(service.get_by_text("disabled", exact=True)).to_be_visible()
+    await expect(service.get_by_text("paused", exact=True)).to_have_count(0)
+    await expect(service).to_contain_text("disabled after failing for 3 days")
+    # The last attempt failed: not yet webhook.failing, which waits for failing_after.
+    recent = service.get_by_text("recent failures", exact=True)
+    await expect(recent).to_be_visible()
+    assert "webhook.failing" in (await recent.get_attribute("title") or "")
+    await context.close()
