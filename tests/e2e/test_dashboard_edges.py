@@ -73,14 +73,15 @@ async def test_long_targets_and_logs_fit_1280_pixels(api: Api, browser: Any) -> 
     await row.get_by_role("button", name="Deliveries", exact=True).click()
     await expect(page.locator("#delivery-rows tr")).to_have_count(3)
     await assert_inside(page, "delivery log")
+    directory = os.environ.get("WEBHOOKS_SCREENSHOT_DIR")
+    if directory:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        await page.evaluate("window.scrollTo(0, 0)")
+        await page.screenshot(path=str(Path(directory) / "dashboard-1280.png"))
     await page.locator("#delivery-rows tr").first.get_by_role("button", name="Details").click()
     await expect(page.locator("#payload")).to_contain_text("webhook.test")
     await assert_inside(page, "delivery")
     await page.screenshot(path="/tmp/dash-log.png", full_page=True)
-    directory = os.environ.get("WEBHOOKS_SCREENSHOT_DIR")
-    if directory:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        await page.screenshot(path=str(Path(directory) / "dashboard-1280.png"))
     assert second["id"] != first["id"]
     await context.close()
 
