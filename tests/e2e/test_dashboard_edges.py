@@ -8,10 +8,11 @@ With WEBHOOKS_SCREENSHOT_DIR set, the layout test writes docs/dashboard-1280.png
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.test_dashboard import DEADLINE_MS, row_of
+from tests.e2e.test_dashboard import DEADLINE_MS, poll_async, row_of
 from tests.support.api import Api
 from tests.support.receivers import Receiver, status
 
@@ -186,4 +187,36 @@ async def test_paused_by_the_owner_is_not_disabled_by_the_service(api: Api, brow
     recent = service.get_by_text("recent failures", exact=True)
     await expect(recent).to_be_visible()
     assert "webhook.failing" in (await recent.get_attribute("title") or "")
+    await context.close()
+
+
+async def test_a_chart_of_the_subscriptions_delivery_outcomes(api: Api, browser: Any) -> None:
+    from playwright.async_api import expect
+
+    from tests.support.worker import running_worker
+
+    sub = await api.create()
+    async with running_worker(api.db_url):
+        sent = await api.request("POST", f"/api/v1/webhooks/{sub['id']}/test")
+        assert sent.status_code in (200, 201, 202), sent.text
+        await api.receiver.wait_for(
+            lambda r: any(b"webhook.test" in d.body for d in r.deliveries()))
+
+        async def delivered() -> bool:
+            return api.sql("SELECT status FROM webhooks.deliveries WHERE subscription_id = %s",
+                           sub["id"]) == [("succeeded",)]
+        await poll_async(delivered, "the test event succeeded")
+    for _ in range(2):  # no worker now: these stay pending
+        sent = await api.request("POST", f"/api/v1/webhooks/{sub['id']}/test")
+        assert sent.status_code in (200, 201, 202), sent.text
+    context, page = await connected(api, browser)
+    await row_of(page, api.receiver.url).get_by_role("button", name="Deliveries").click()
+    chart = page.get_by_role("img", name=re.compile(f"Deliveries of subscription {sub['id']}"))
+    await expect(chart).to_be_visible()
+    name = await chart.get_attribute("aria-label") or ""
+    assert "1 succeeded, 0 failed, 2 pending" in name, name
+    assert await chart.locator("rect.succeeded").count() == 1
+    assert await chart.locator("rect.pending").count() == 1
+    await assert_inside(page, "chart")
+    await page.screenshot(path="/tmp/dash-chart.png", full_page=True)
     await context.close()

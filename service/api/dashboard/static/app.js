@@ -229,6 +229,7 @@ async function createSubscription() {
 
 function closeLog() {
   resetRecover();
+  $("log-chart").hidden = true;
   state.log = null;
   state.delivery = null;
   $("log").hidden = true;
@@ -260,6 +261,77 @@ async function loadLog() {
   state.next = next;
   renderLog(data);
   await loadLatestBackfill();
+  if (state.cursors.length === 1) await loadChart();
+}
+
+// --- the outcome chart -------------------------------------------------------------------
+
+const SVG = "http://www.w3.org/2000/svg";
+const OUTCOMES = ["succeeded", "failed", "pending"];
+const CHART = { width: 600, height: 140, top: 8, bottom: 22, left: 34, right: 8, buckets: 24 };
+
+function svg(tag, attrs = {}, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [name, value] of Object.entries(attrs)) node.setAttribute(name, String(value));
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+// The latest 1000 deliveries by creation time in 24 equal slices, stacked by outcome. Drawn
+// here as SVG: the policy allows no script from elsewhere, and no chart library is needed.
+async function loadChart() {
+  if (!state.log) return;
+  const id = state.log.id;
+  const { data } = await call("GET", `/webhooks/${id}/deliveries?limit=1000`);
+  if (!state.log || state.log.id !== id) return;
+  drawChart(id, data);
+}
+
+function drawChart(id, deliveries) {
+  const figure = $("log-chart");
+  clear(figure);
+  figure.hidden = !deliveries.length;
+  if (!deliveries.length) return;
+  const times = deliveries.map((d) => new Date(d.created_at).getTime());
+  const end = Date.now();
+  const start = Math.min(Math.min(...times), end - 3600 * 1000);
+  const slice = (end - start) / CHART.buckets;
+  const buckets = Array.from({ length: CHART.buckets }, () => ({ succeeded: 0, failed: 0, pending: 0 }));
+  const totals = { succeeded: 0, failed: 0, pending: 0 };
+  deliveries.forEach((d, i) => {
+    const outcome = OUTCOMES.includes(d.status) ? d.status : "pending";
+    const index = Math.min(CHART.buckets - 1, Math.max(0, Math.floor((times[i] - start) / slice)));
+    buckets[index][outcome] += 1;
+    totals[outcome] += 1;
+  });
+  const highest = Math.max(1, ...buckets.map((b) => b.succeeded + b.failed + b.pending));
+  const plot = CHART.height - CHART.top - CHART.bottom;
+  const step = (CHART.width - CHART.left - CHART.right) / CHART.buckets;
+  const label = `Deliveries of subscription ${id} over time, from ${time(new Date(start).toISOString())} `
+    + `to ${time(new Date(end).toISOString())}: ${totals.succeeded} succeeded, ${totals.failed} failed, `
+    + `${totals.pending} pending${deliveries.length >= 1000 ? " (the latest 1000)" : ""}.`;
+  const chart = svg("svg", { viewBox: `0 0 ${CHART.width} ${CHART.height}`, role: "img", "aria-label": label });
+  chart.append(svg("title", {}, label));
+  const baseline = CHART.top + plot;
+  chart.append(svg("line", { class: "axis", x1: CHART.left, x2: CHART.width - CHART.right, y1: baseline, y2: baseline }));
+  chart.append(svg("text", { x: CHART.left - 4, y: CHART.top + 10, "text-anchor": "end" }, String(highest)));
+  chart.append(svg("text", { x: CHART.left - 4, y: baseline, "text-anchor": "end" }, "0"));
+  chart.append(svg("text", { x: CHART.left, y: CHART.height - 6 }, time(new Date(start).toISOString())));
+  chart.append(svg("text", { x: CHART.width - CHART.right, y: CHART.height - 6, "text-anchor": "end" }, "now"));
+  buckets.forEach((bucket, index) => {
+    let y = baseline;
+    for (const outcome of OUTCOMES) {
+      if (!bucket[outcome]) continue;
+      const h = (bucket[outcome] / highest) * plot;
+      y -= h;
+      const bar = svg("rect", { class: outcome, x: CHART.left + index * step + 1, y, width: Math.max(1, step - 2), height: h });
+      bar.append(svg("title", {}, `${bucket[outcome]} ${outcome}`));
+      chart.append(bar);
+    }
+  });
+  const caption = el("figcaption", {}, el("span", { text: "Delivery outcomes by creation time (UTC):" }),
+    ...OUTCOMES.map((o) => el("span", { class: `key ${o}`, text: `${o} ${totals[o]}` })));
+  figure.append(chart, caption);
 }
 
 // The subscription's latest backfill, if any, above its log.
