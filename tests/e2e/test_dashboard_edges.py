@@ -19,6 +19,7 @@ from tests.support.receivers import Receiver, status
 WIDTH, HEIGHT = 1280, 800
 LONG_PATH = "/hooks/" + "/".join(f"segment-{i}-of-a-rather-long-integration-path" for i in range(8))
 LONG_FAILURE = "upstream said: " + "x" * 400
+ALL_INVOICE_EVENTS = "invoice.create,invoice.update,invoice.delete,invoice.truncate"
 
 
 async def connected(api: Api, browser: Any) -> tuple[Any, Any]:
@@ -54,7 +55,7 @@ async def test_long_targets_and_logs_fit_1280_pixels(api: Api, browser: Any) -> 
     from playwright.async_api import expect
 
     first = await api.create()
-    second = await api.create(events="invoice.update", target=api.receiver.url + "/second")
+    second = await api.create(events=ALL_INVOICE_EVENTS, target=api.receiver.url + "/second")
     long_target = api.receiver.url + LONG_PATH
     api.sql("UPDATE webhooks.subscriptions SET target = %s, last_failure_content = %s,"
             " last_failure_at = now(), last_status = 503 WHERE id = %s",

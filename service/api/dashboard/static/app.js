@@ -1,7 +1,7 @@
 // The dashboard: subscriptions with their health, a subscription's delivery log, one
 // delivery's attempts and payload, and the actions of SPEC section 8.
 import { ApiError, call, token } from "./api.js";
-import { button, cell, clear, el, targetCell, time, timeCell } from "./view.js";
+import { breakableCell, button, cell, clear, el, targetCell, time, timeCell } from "./view.js";
 
 const $ = (id) => document.getElementById(id);
 const PAGE = 25;
@@ -103,7 +103,7 @@ function renderSubscriptions() {
       button("Delete", () => run(() => remove(sub)), "danger"),
     ));
     const row = el("tr", { attrs: { "data-subscription": sub.id } },
-      cell(sub.id), cell(sub.resource), cell(sub.events), targetCell(sub.target),
+      cell(sub.id), cell(sub.resource), breakableCell(sub.events, ",", "events"), targetCell(sub.target),
       cell(sub.active ? "yes" : "no"), marks(sub), cell(sub.last_status),
       timeCell(sub.last_success_at), failure, actions);
     if (state.log && state.log.id === sub.id) row.classList.add("selected");

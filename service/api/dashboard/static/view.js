@@ -37,13 +37,19 @@ export function timeCell(value) {
   return td;
 }
 
-// A URL that may break after each "/" (a <wbr> node, never parsed HTML), whole in the title.
-export function targetCell(value) {
-  const td = el("td", { class: "target", attrs: { title: value } });
-  const parts = String(value).split("/");
+// A value that may break after each `separator` (a <wbr> node, never parsed HTML), whole in
+// the title: a URL after "/", an event list after ",".
+export function breakableCell(value, separator, className) {
+  const td = el("td", { class: className, attrs: { title: value } });
+  const parts = String(value).split(separator);
   parts.forEach((part, index) => {
-    td.append(document.createTextNode(index < parts.length - 1 ? `${part}/` : part));
-    if (index < parts.length - 1) td.append(document.createElement("wbr"));
+    const last = index === parts.length - 1;
+    td.append(document.createTextNode(last ? part : `${part}${separator}`));
+    if (!last) td.append(document.createElement("wbr"));
   });
   return td;
+}
+
+export function targetCell(value) {
+  return breakableCell(value, "/", "target");
 }
