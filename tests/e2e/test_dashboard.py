@@ -102,10 +102,10 @@ async def run_the_page(api: Api, browser: Any, healthy: dict[str, Any],
         await page.get_by_role("button", name="Connect", exact=True).click()
         bad = row_of(page, failing_receiver.url)
         good = row_of(page, api.receiver.url)
-        await expect(bad.get_by_text("failing", exact=True)).to_be_visible()
+        await expect(bad.get_by_text("recent failures", exact=True)).to_be_visible()
         await expect(bad).to_contain_text("503")
         await expect(good.get_by_text("healthy", exact=True)).to_be_visible()
-        await expect(good.get_by_text("failing", exact=True)).to_have_count(0)
+        await expect(good.get_by_text("recent failures", exact=True)).to_have_count(0)
         # The hostile failure content is text; no element came of it.
         await expect(bad.get_by_text(HOSTILE, exact=True)).to_be_visible()
         assert await page.locator("img").count() == 0
@@ -135,18 +135,18 @@ async def run_the_page(api: Api, browser: Any, healthy: dict[str, Any],
         await log.first.get_by_role("button", name="Redeliver", exact=True).click()
         await expect(page.get_by_role("status")).to_contain_text("queued again")
         await expect(log.first).to_contain_text("succeeded")
-        await expect(bad.get_by_text("failing", exact=True)).to_have_count(0)
+        await expect(bad.get_by_text("recent failures", exact=True)).to_have_count(0)
         assert len(failing_receiver.deliveries()) >= 2
 
         # Pause and Resume.
         await bad.get_by_role("button", name="Pause", exact=True).click()
-        await expect(bad.get_by_text("disabled", exact=True)).to_be_visible()
+        await expect(bad.get_by_text("paused", exact=True)).to_be_visible()
         assert api.sql("SELECT active FROM webhooks.subscriptions WHERE id = %s",
                        failing["id"]) == [(False,)]
         await bad.get_by_role("button", name="Send test event").click()
         await expect(page.get_by_role("alert")).to_contain_text("409")
         await bad.get_by_role("button", name="Resume", exact=True).click()
-        await expect(bad.get_by_text("disabled", exact=True)).to_have_count(0)
+        await expect(bad.get_by_text("paused", exact=True)).to_have_count(0)
         await expect(bad.get_by_role("button", name="Pause", exact=True)).to_be_visible()
         assert api.sql("SELECT active FROM webhooks.subscriptions WHERE id = %s",
                        failing["id"]) == [(True,)]
@@ -160,6 +160,7 @@ async def run_the_page(api: Api, browser: Any, healthy: dict[str, Any],
         await expect(log.first).to_contain_text("failed")
         failing_receiver.behaviour = echo_secret
         await page.get_by_role("button", name="Recover", exact=True).click()
+        await page.get_by_role("button", name="Confirm recover", exact=True).click()
         await expect(page.get_by_role("status")).to_contain_text("1 failed delivery")
         await expect(log.first).to_contain_text("succeeded")
 

@@ -1,7 +1,7 @@
 // The dashboard: subscriptions with their health, a subscription's delivery log, one
 // delivery's attempts and payload, and the actions of SPEC section 8.
 import { ApiError, call, token } from "./api.js";
-import { button, cell, clear, el, time, timeCell } from "./view.js";
+import { breakableCell, button, cell, clear, el, targetCell, time, timeCell } from "./view.js";
 
 const $ = (id) => document.getElementById(id);
 const PAGE = 25;
@@ -14,6 +14,7 @@ const state = {
   delivery: null,     // id of the delivery shown
   followUp: null,     // timer of the refreshes after an action
   backfill: null,     // timer of the progress of the backfill last started
+  hookEvents: [],     // {resource, event} of GET /hook_events/
 };
 
 function showError(error) {
@@ -41,7 +42,9 @@ async function run(action) {
 
 // --- health ------------------------------------------------------------------------------
 
-// Failing: the last attempt failed (a failure after the last success, if any).
+// Recent failures: the last attempt failed (a failure after the last success, if any). Not
+// named "failing": webhook.failing fires only after failures unbroken for failing_after (an
+// hour by default), which the page cannot see.
 function failing(sub) {
   if (!sub.last_failure_at) return false;
   return !sub.last_success_at || new Date(sub.last_failure_at) >= new Date(sub.last_success_at);
@@ -49,11 +52,17 @@ function failing(sub) {
 
 function marks(sub) {
   const td = el("td");
-  if (failing(sub)) td.append(el("span", { class: "mark failing", text: "failing" }));
-  if (!sub.active) {
+  if (failing(sub)) {
+    td.append(el("span", { class: "mark failing", text: "recent failures",
+      attrs: { title: "The last attempt failed. webhook.failing is sent once failures have lasted the failing period (an hour by default)." } }));
+  }
+  // inactive_reason is set only when the service stopped it (table detached, events made
+  // private, auto-disable); without one the owner paused it.
+  if (!sub.active && sub.inactive_reason) {
     td.append(el("span", { class: "mark disabled", text: "disabled" }));
-    // Set when the service stopped it (table detached, events made private, auto-disable).
-    if (sub.inactive_reason) td.append(el("div", { class: "reason", text: sub.inactive_reason }));
+    td.append(el("div", { class: "reason", text: sub.inactive_reason }));
+  } else if (!sub.active) {
+    td.append(el("span", { class: "mark paused", text: "paused" }));
   }
   if (!td.childNodes.length) td.append(el("span", { class: "mark healthy", text: "healthy" }));
   return td;
@@ -83,7 +92,7 @@ function renderSubscriptions() {
   for (const sub of state.subscriptions) {
     const failure = el("td", {}, el("div", { text: time(sub.last_failure_at) }));
     if (sub.last_failure_content) failure.append(el("div", { class: "failure", text: sub.last_failure_content }));
-    const actions = el("td", { class: "actions" },
+    const actions = el("td", { class: "actions" }, el("div", { class: "buttons" },
       button("Deliveries", () => run(() => openLog(sub))),
       sub.active
         ? button("Pause", () => run(() => setActive(sub, false)))
@@ -92,9 +101,9 @@ function renderSubscriptions() {
       button("Backfill", () => run(() => backfill(sub))),
       button("Rotate secret", () => run(() => rotate(sub))),
       button("Delete", () => run(() => remove(sub)), "danger"),
-    );
+    ));
     const row = el("tr", { attrs: { "data-subscription": sub.id } },
-      cell(sub.id), cell(sub.resource), cell(sub.events), cell(sub.target, "target"),
+      cell(sub.id), cell(sub.resource), breakableCell(sub.events, ",", "events"), targetCell(sub.target),
       cell(sub.active ? "yes" : "no"), marks(sub), cell(sub.last_status),
       timeCell(sub.last_success_at), failure, actions);
     if (state.log && state.log.id === sub.id) row.classList.add("selected");
@@ -158,9 +167,69 @@ async function remove(sub) {
   await loadSubscriptions();
 }
 
+// --- a new subscription -----------------------------------------------------------------
+
+async function loadHookEvents() {
+  const { data } = await call("GET", "/hook_events/");
+  state.hookEvents = data;
+  const select = $("create-resource");
+  const chosen = select.value;
+  clear(select);
+  for (const resource of [...new Set(data.map((e) => e.resource))]) {
+    select.append(el("option", { text: resource, attrs: { value: resource } }));
+  }
+  if (chosen) select.value = chosen;
+  renderEventChoices();
+}
+
+function renderEventChoices() {
+  const box = $("create-events");
+  clear(box);
+  const resource = $("create-resource").value;
+  const events = state.hookEvents.filter((e) => e.resource === resource);
+  if (!events.length) box.append(el("span", { class: "muted", text: "No events to subscribe to." }));
+  for (const { event } of events) {
+    const id = `create-event-${event}`;
+    const input = el("input", { attrs: { type: "checkbox", id, value: event } });
+    box.append(el("span", {}, input, el("label", { text: ` ${event}`, attrs: { for: id } })));
+  }
+}
+
+function createError(message) {
+  $("create-error").textContent = message;
+  $("create-error").hidden = !message;
+}
+
+// The API checks the target with a handshake before it answers: its refusal is shown
+// beside the form, where the fields to correct are.
+async function createSubscription() {
+  createError("");
+  const resource = $("create-resource").value;
+  const events = [...$("create-events").querySelectorAll("input:checked")].map((i) => i.value);
+  const target = $("create-target").value.trim();
+  if (!resource) return createError("Choose a resource.");
+  if (!events.length) return createError("Choose at least one event.");
+  if (!target) return createError("Write the target URL.");
+  const submit = $("create").querySelector("button[type=submit]");
+  submit.disabled = true;
+  try {
+    const { data } = await call("POST", "/webhooks/", { resource, events, target });
+    $("create-target").value = "";
+    for (const input of $("create-events").querySelectorAll("input")) input.checked = false;
+    notify(`Subscription ${data.id} created: the target answered the handshake.`);
+    await loadSubscriptions();
+  } catch (error) {
+    createError(error instanceof Error ? error.message : String(error));
+  } finally {
+    submit.disabled = false;
+  }
+}
+
 // --- the delivery log --------------------------------------------------------------------
 
 function closeLog() {
+  resetRecover();
+  $("log-chart").hidden = true;
   state.log = null;
   state.delivery = null;
   $("log").hidden = true;
@@ -168,6 +237,7 @@ function closeLog() {
 }
 
 async function openLog(sub) {
+  resetRecover();
   state.log = { id: sub.id, target: sub.target };
   state.cursors = [null];
   state.delivery = null;
@@ -191,6 +261,77 @@ async function loadLog() {
   state.next = next;
   renderLog(data);
   await loadLatestBackfill();
+  if (state.cursors.length === 1) await loadChart();
+}
+
+// --- the outcome chart -------------------------------------------------------------------
+
+const SVG = "http://www.w3.org/2000/svg";
+const OUTCOMES = ["succeeded", "failed", "pending"];
+const CHART = { width: 600, height: 140, top: 8, bottom: 22, left: 34, right: 8, buckets: 24 };
+
+function svg(tag, attrs = {}, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [name, value] of Object.entries(attrs)) node.setAttribute(name, String(value));
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+// The latest 1000 deliveries by creation time in 24 equal slices, stacked by outcome. Drawn
+// here as SVG: the policy allows no script from elsewhere, and no chart library is needed.
+async function loadChart() {
+  if (!state.log) return;
+  const id = state.log.id;
+  const { data } = await call("GET", `/webhooks/${id}/deliveries?limit=1000`);
+  if (!state.log || state.log.id !== id) return;
+  drawChart(id, data);
+}
+
+function drawChart(id, deliveries) {
+  const figure = $("log-chart");
+  clear(figure);
+  figure.hidden = !deliveries.length;
+  if (!deliveries.length) return;
+  const times = deliveries.map((d) => new Date(d.created_at).getTime());
+  const end = Date.now();
+  const start = Math.min(Math.min(...times), end - 3600 * 1000);
+  const slice = (end - start) / CHART.buckets;
+  const buckets = Array.from({ length: CHART.buckets }, () => ({ succeeded: 0, failed: 0, pending: 0 }));
+  const totals = { succeeded: 0, failed: 0, pending: 0 };
+  deliveries.forEach((d, i) => {
+    const outcome = OUTCOMES.includes(d.status) ? d.status : "pending";
+    const index = Math.min(CHART.buckets - 1, Math.max(0, Math.floor((times[i] - start) / slice)));
+    buckets[index][outcome] += 1;
+    totals[outcome] += 1;
+  });
+  const highest = Math.max(1, ...buckets.map((b) => b.succeeded + b.failed + b.pending));
+  const plot = CHART.height - CHART.top - CHART.bottom;
+  const step = (CHART.width - CHART.left - CHART.right) / CHART.buckets;
+  const label = `Deliveries of subscription ${id} over time, from ${time(new Date(start).toISOString())} `
+    + `to ${time(new Date(end).toISOString())}: ${totals.succeeded} succeeded, ${totals.failed} failed, `
+    + `${totals.pending} pending${deliveries.length >= 1000 ? " (the latest 1000)" : ""}.`;
+  const chart = svg("svg", { viewBox: `0 0 ${CHART.width} ${CHART.height}`, role: "img", "aria-label": label });
+  chart.append(svg("title", {}, label));
+  const baseline = CHART.top + plot;
+  chart.append(svg("line", { class: "axis", x1: CHART.left, x2: CHART.width - CHART.right, y1: baseline, y2: baseline }));
+  chart.append(svg("text", { x: CHART.left - 4, y: CHART.top + 10, "text-anchor": "end" }, String(highest)));
+  chart.append(svg("text", { x: CHART.left - 4, y: baseline, "text-anchor": "end" }, "0"));
+  chart.append(svg("text", { x: CHART.left, y: CHART.height - 6 }, time(new Date(start).toISOString())));
+  chart.append(svg("text", { x: CHART.width - CHART.right, y: CHART.height - 6, "text-anchor": "end" }, "now"));
+  buckets.forEach((bucket, index) => {
+    let y = baseline;
+    for (const outcome of OUTCOMES) {
+      if (!bucket[outcome]) continue;
+      const h = (bucket[outcome] / highest) * plot;
+      y -= h;
+      const bar = svg("rect", { class: outcome, x: CHART.left + index * step + 1, y, width: Math.max(1, step - 2), height: h });
+      bar.append(svg("title", {}, `${bucket[outcome]} ${outcome}`));
+      chart.append(bar);
+    }
+  });
+  const caption = el("figcaption", {}, el("span", { text: "Delivery outcomes by creation time (UTC):" }),
+    ...OUTCOMES.map((o) => el("span", { class: `key ${o}`, text: `${o} ${totals[o]}` })));
+  figure.append(chart, caption);
 }
 
 // The subscription's latest backfill, if any, above its log.
@@ -234,11 +375,44 @@ async function redeliver(id) {
   followUp(state.log.id);
 }
 
+// "YYYY-MM-DD HH:MM[:SS]" read as UTC, the zone of every time on the page; null otherwise.
+function parseUtc(text) {
+  const match = /^(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2})(?::(\d{2}))?(?:\s*UTC|Z)?$/i.exec(text.trim());
+  if (!match) return null;
+  const [, y, mo, d, h, mi, s] = match.map(Number);
+  const date = new Date(Date.UTC(y, mo - 1, d, h, mi, s || 0));
+  // Date.UTC rolls 2024-02-31 over into March: refuse instead.
+  if (date.getUTCMonth() !== mo - 1 || date.getUTCDate() !== d || h > 23 || mi > 59) return null;
+  return date;
+}
+
+function recoverSince() {
+  const since = parseUtc($("recover-since").value);
+  if (!since) throw new Error("Write the time from which failed deliveries are sent again as YYYY-MM-DD HH:MM (UTC).");
+  return since;
+}
+
+// Recover can queue many deliveries at once: the first click only asks.
+function askRecover() {
+  const since = recoverSince();
+  $("recover").hidden = true;
+  $("recover-confirm").hidden = false;
+  $("recover-cancel").hidden = false;
+  notify(`Send again every failed delivery of subscription ${state.log.id} since ${time(since.toISOString())}? Press "Confirm recover".`);
+  $("recover-confirm").focus();
+}
+
+function resetRecover() {
+  $("recover").hidden = false;
+  $("recover-confirm").hidden = true;
+  $("recover-cancel").hidden = true;
+}
+
 async function recover() {
-  const since = $("recover-since").value;
-  if (!since) throw new Error("Choose the time from which failed deliveries are sent again.");
-  const { data } = await call("POST", `/webhooks/${state.log.id}/recover`, { since: new Date(since).toISOString() });
-  notify(`${data.requeued} failed ${data.requeued === 1 ? "delivery" : "deliveries"} since ${time(new Date(since).toISOString())} queued again.`);
+  const since = recoverSince();
+  resetRecover();
+  const { data } = await call("POST", `/webhooks/${state.log.id}/recover`, { since: since.toISOString() });
+  notify(`${data.requeued} failed ${data.requeued === 1 ? "delivery" : "deliveries"} since ${time(since.toISOString())} queued again.`);
   await loadLog();
   followUp(state.log.id);
 }
@@ -300,6 +474,7 @@ async function connect() {
   stopFollowUp();
   try {
     await loadSubscriptions();
+    await loadHookEvents();
   } catch (error) {
     if (error instanceof ApiError && error.status === 401) {
       token.clear();
@@ -313,9 +488,7 @@ async function connect() {
 }
 
 function defaultRecoverSince() {
-  const day = new Date(Date.now() - 24 * 3600 * 1000);
-  const local = new Date(day.getTime() - day.getTimezoneOffset() * 60000);
-  return local.toISOString().slice(0, 16);
+  return new Date(Date.now() - 24 * 3600 * 1000).toISOString().slice(0, 16).replace("T", " ");
 }
 
 function start() {
@@ -345,7 +518,17 @@ function start() {
     state.cursors = [null];
     run(loadLog);
   });
-  $("recover").addEventListener("click", () => run(recover));
+  $("recover").addEventListener("click", () => run(async () => askRecover()));
+  $("recover-confirm").addEventListener("click", () => run(recover));
+  $("recover-cancel").addEventListener("click", () => {
+    resetRecover();
+    notify("Nothing queued.");
+  });
+  $("create").addEventListener("submit", (event) => {
+    event.preventDefault();
+    createSubscription();
+  });
+  $("create-resource").addEventListener("change", renderEventChoices);
   $("next-page").addEventListener("click", () => {
     if (!state.next) return;
     state.cursors.push(state.next);

@@ -36,3 +36,20 @@ export function timeCell(value) {
   if (value) td.title = String(value);
   return td;
 }
+
+// A value that may break after each `separator` (a <wbr> node, never parsed HTML), whole in
+// the title: a URL after "/", an event list after ",".
+export function breakableCell(value, separator, className) {
+  const td = el("td", { class: className, attrs: { title: value } });
+  const parts = String(value).split(separator);
+  parts.forEach((part, index) => {
+    const last = index === parts.length - 1;
+    td.append(document.createTextNode(last ? part : `${part}${separator}`));
+    if (!last) td.append(document.createElement("wbr"));
+  });
+  return td;
+}
+
+export function targetCell(value) {
+  return breakableCell(value, "/", "target");
+}
