@@ -11,6 +11,7 @@ receiver; tests/e2e runs a worker, an API or a receiver.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -66,16 +67,23 @@ def template_db() -> Iterator[str]:
         janitor.drop()
 
 
-@pytest.fixture
-def empty_db() -> Iterator[str]:
-    """URL of a new, empty database (not migrated) for one test."""
-    name = f"webhooks_empty_{uuid.uuid4().hex[:10]}"
+@contextlib.contextmanager
+def new_database(prefix: str = "webhooks_empty") -> Iterator[str]:
+    """URL of a new, empty database (not migrated), dropped at the end of the block."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     janitor = _janitor(name)
     janitor.init()
     try:
         yield with_dbname(SERVER_URL, name)
     finally:
         janitor.drop()
+
+
+@pytest.fixture
+def empty_db() -> Iterator[str]:
+    """URL of a new, empty database (not migrated) for one test."""
+    with new_database() as url:
+        yield url
 
 
 @pytest.fixture

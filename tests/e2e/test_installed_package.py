@@ -4,7 +4,6 @@ outside the checkout, migrates a new database, creates a token and serves the AP
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -14,6 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.support.net import free_port
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 
@@ -57,11 +58,6 @@ def run(command: list[str], env: dict[str, str], cwd: Path) -> str:
     assert result.returncode == 0, result.stderr
     return result.stdout
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_the_installed_wheel_migrates_creates_a_token_and_serves(

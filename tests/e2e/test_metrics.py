@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,15 +11,10 @@ import time
 import httpx
 import psycopg
 
+from tests.support.net import free_port
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe
 from tests.support.worker import add_invoice, worker_env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def sample(text: str, name: str) -> float:

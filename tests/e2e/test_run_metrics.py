@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,14 +12,9 @@ import time
 import httpx
 import psycopg
 
+from tests.support.net import free_port
 from tests.support.subscriptions import subscribe
 from tests.support.worker import add_invoice
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_one_metrics_page_for_the_api_and_the_worker(db_url: str) -> None:

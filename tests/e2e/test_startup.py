@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,12 +18,7 @@ import psycopg
 import pytest
 
 from service import tokens
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support.net import free_port
 
 
 def via_port(url: str, port: int) -> str:

@@ -12,7 +12,6 @@ that release's `migrate` did (its functions are the ones its migrations defined)
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +19,7 @@ import psycopg
 import pytest
 
 from service import db
-from tests.conftest import SERVER_URL, _janitor, with_dbname
+from tests.conftest import new_database
 from tests.support.receivers import Receiver
 from tests.support.schema import dump_schema, migrate_to
 from tests.support.worker import running_worker
@@ -48,13 +47,8 @@ COUNTED = ("webhooks.attachments", "webhooks.subscriptions",
 @pytest.fixture
 def new_db() -> Iterator[str]:
     """A second empty database, for the fresh install an upgrade is compared with."""
-    name = f"webhooks_fresh_{uuid.uuid4().hex[:10]}"
-    janitor = _janitor(name)
-    janitor.init()
-    try:
-        yield with_dbname(SERVER_URL, name)
-    finally:
-        janitor.drop()
+    with new_database("webhooks_fresh") as url:
+        yield url
 
 
 def counts(conn: psycopg.Connection[Any]) -> dict[str, Any]:
