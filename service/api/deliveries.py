@@ -100,10 +100,15 @@ def to_detail(row: dict[str, Any], attempts: list[dict[str, Any]]) -> DeliveryDe
     base = to_delivery(row)
     return DeliveryDetail(
         **{f: getattr(base, f) for f in Delivery.__struct_fields__},
-        payload=msgspec.json.decode(row["body"]),
+        # The body exactly as it was sent (a number written 42.00 stays 42.00): the stored
+        # text, embedded as it is.
+        payload=msgspec.Raw(row["body"].encode() if isinstance(row["body"], str)
+                            else row["body"]),
         attempt_log=[Attempt(attempt=a["attempt"],
                              attempted_at=timestamp(a["attempted_at"]) or "",
-                             status=a["status"], duration_ms=a["duration_ms"], error=a["error"])
+                             status=a["status"],
+                             # Tenths of a millisecond: what a clock on either side means.
+                             duration_ms=round(a["duration_ms"], 1), error=a["error"])
                      for a in attempts])
 
 

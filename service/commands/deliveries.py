@@ -6,7 +6,6 @@ sees every owner's subscriptions."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from datetime import datetime
@@ -77,8 +76,9 @@ def _detail(conn: Any, delivery_id: int) -> dict[str, Any] | None:
     if row is None:
         return None
     attempts = store.delivery_attempts(id=delivery_id)
-    detail: dict[str, Any] = msgspec.to_builtins(to_detail(row, attempts))
-    return {"subscription_id": row["subscription_id"], **detail}
+    detail = to_detail(row, attempts)
+    fields = {f: getattr(detail, f) for f in detail.__struct_fields__}
+    return {"subscription_id": row["subscription_id"], **fields}
 
 
 def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
@@ -88,7 +88,8 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
         print(f"webhooks deliveries show: no delivery with id {args.delivery_id}",
               file=sys.stderr)
         return 1
-    print(json.dumps(detail, indent=2))
+    # msgspec keeps the payload's text as sent (json would turn 42.00 into 42.0).
+    print(msgspec.json.format(msgspec.json.encode(detail), indent=2).decode())
     return 0
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from datetime import date, datetime
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -129,9 +131,19 @@ def render(data: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _json_value(value: Any) -> Any:
+    """Numbers as JSON numbers (PostgreSQL's numeric arrives as Decimal), times as ISO
+    text, anything else as its text."""
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    return str(value)
+
+
 def print_status(settings: Settings, as_json: bool = False) -> int:
     """Prints the report (or JSON) for the configured database."""
     with db.connect(settings.database_url) as conn:
         data = collect(conn)
-    print(json.dumps(data, default=str, indent=2) if as_json else render(data))
+    print(json.dumps(data, default=_json_value, indent=2) if as_json else render(data))
     return 0

@@ -1,0 +1,43 @@
+"""What the API and the CLI show is exact: the payload in the delivery log is the body as
+sent (a numeric 42.00 stays 42.00), `webhooks status --json` gives numbers as numbers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import psycopg
+
+from service.store import Store
+from service.worker.fanout import drain_outbox
+from tests.support.api import Api
+from tests.support.worker import add_invoice, open_pool
+
+
+async def test_the_log_shows_the_payload_as_sent(api: Api) -> None:
+    sub = await api.create()
+    with psycopg.connect(api.db_url, autocommit=True) as conn:
+        add_invoice(conn, "INV-EXACT", amount="42.00")
+    async with open_pool(api.db_url) as pool:
+        await drain_outbox(Store(pool), 100)
+    [(delivery_id, body)] = api.sql("SELECT d.id, e.body FROM webhooks.deliveries d"
+                                    " JOIN webhooks.events e ON e.id = d.event_id")
+    assert '"amount": 42.00' in body or '"amount":42.00' in body, body
+    response = await api.request("GET", f"/api/v1/webhooks/{sub['id']}/deliveries/"
+                                        f"{delivery_id}")
+    assert response.status_code == 200
+    assert '42.00' in response.text and '42.0,' not in response.text
+    env = {**os.environ, "DATABASE_URL": api.db_url}
+    shown = subprocess.run([sys.executable, "-m", "service", "deliveries", "show",
+                            str(delivery_id)], env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "42.00" in shown.stdout
+    assert json.loads(shown.stdout)["subscription_id"] == sub["id"]
+    status = subprocess.run([sys.executable, "-m", "service", "status", "--json"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0, status.stderr
+    seconds = json.loads(status.stdout)["deliveries"]["oldest_pending_seconds"]
+    assert isinstance(seconds, int | float) and seconds >= 0, seconds
