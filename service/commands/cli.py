@@ -31,6 +31,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         applied = db.migrate(_settings().database_url)
     except RuntimeError as exc:
         raise SystemExit(f"webhooks migrate: {exc}") from None
+    except psycopg.OperationalError:
+        raise  # cannot reach the database: main says so
+    except psycopg.Error as exc:
+        raise SystemExit(f"webhooks migrate: the database refused: {one_line(exc)}") from None
     print(f"applied {len(applied)} migration(s): {', '.join(applied)}" if applied
           else "database is up to date")
     return 0

@@ -41,3 +41,14 @@ async def test_the_log_shows_the_payload_as_sent(api: Api) -> None:
     assert status.returncode == 0, status.stderr
     seconds = json.loads(status.stdout)["deliveries"]["oldest_pending_seconds"]
     assert isinstance(seconds, int | float) and seconds >= 0, seconds
+
+
+async def test_one_json_style_for_every_answer(api: Api) -> None:
+    created = await api.request("POST", "/api/v1/webhooks/", json={
+        "resource": "invoices", "events": "invoice.create", "target": api.receiver.url})
+    one = await api.request("GET", f"/api/v1/webhooks/{created.json()['id']}")
+    listed = await api.request("GET", "/api/v1/webhooks/")
+    for response in (created, one, listed):
+        assert response.status_code in (200, 201)
+        assert response.text == json.dumps(response.json(), separators=(",", ":"),
+                                           ensure_ascii=False), response.text
