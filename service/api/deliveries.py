@@ -351,4 +351,47 @@ async def _queue_test(store: Store, subscription_id: int) -> dict[str, Any]:
     return dict(row)
 
 
-HANDLERS = [list_deliveries, get_delivery, redeliver, recover, send_test]
+class HourStats(msgspec.Struct):
+    """A subscription's attempts in one hour (UTC): answered 2xx, answered otherwise, and
+    with no answer (a timeout, a refused connection)."""
+
+    hour: str
+    succeeded: int
+    failed: int
+    unanswered: int
+
+
+class Stats(msgspec.Struct):
+    """Attempts per hour over the last `hours` hours, oldest first, every hour present."""
+
+    hours: int
+    buckets: list[HourStats]
+
+
+MAX_STATS_HOURS = 168
+
+
+@get("/webhooks/{webhook_id:str}/stats", summary="A subscription's attempts per hour",
+     responses=error_responses(*_ERRORS, docs=_DOCS))
+async def stats(
+    webhook_id: IdPath,
+    request: Request[Any, Any, Any],
+    principal: PrincipalDep,
+    store: StoreDep,
+    hours: Annotated[str | None, Parameter(description="1 to 168, default 24")] = None,
+) -> Stats:
+    """How the subscription's attempts went, hour by hour (UTC), over the last `hours`
+    hours: the dashboard's picture, for any client."""
+    check_single(request.query_params.dict(), ("hours",))
+    wanted = 24
+    if hours is not None:
+        if not hours.isascii() or not hours.isdigit() or not 1 <= int(hours) <= MAX_STATS_HOURS:
+            raise ApiError(400, f"hours must be an integer from 1 to {MAX_STATS_HOURS}, not "
+                                f"{shown(hours)}")
+        wanted = int(hours)
+    sub = await _subscription(store, webhook_id, principal)
+    rows = await store.delivery_stats(id=sub["id"], hours=wanted)
+    return Stats(hours=wanted, buckets=[HourStats(**r) for r in rows])
+
+
+HANDLERS = [list_deliveries, get_delivery, redeliver, recover, send_test, stats]

@@ -38,6 +38,11 @@ class DeliveryQueries(AsyncQueries):
         """Every attempt of the delivery, oldest first."""
         return await self._all("deliveries_attempts", {"id": id}, row=dict_row)
 
+    async def delivery_stats(self, *, id: int, hours: int) -> list[dict[str, Any]]:
+        """The subscription's attempts per hour ({"hour", "succeeded", "failed",
+        "unanswered"}) over the last `hours`, oldest first, every hour present."""
+        return await self._all("deliveries_stats", {"id": id, "hours": hours})
+
     async def redeliver(self, *, id: int) -> None:
         """Makes the delivery pending and due now (raises on an unknown or inactive one)."""
         await self._one("deliveries_redeliver", {"id": id})

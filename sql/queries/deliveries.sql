@@ -100,3 +100,29 @@ WITH s AS (
      LIMIT 1
 )
 SELECT created.id, (SELECT count(*) FROM woken) AS woken FROM created
+
+-- name: deliveries_stats --
+-- A subscription's attempts per hour over the last %(hours)s hours, every hour present
+-- (zeros included): answered 2xx, answered otherwise, no answer. The subscription's
+-- deliveries are found by the log's index (created up to two days before the window,
+-- the longest retry schedule's reach), their attempts by delivery; only the window's
+-- attempts partitions are read.
+WITH hours AS (
+    SELECT h FROM generate_series(date_trunc('hour', now()) - make_interval(hours => %(hours)s - 1),
+                                  date_trunc('hour', now()), interval '1 hour') AS h
+), tried AS (
+    SELECT date_trunc('hour', a.attempted_at) AS h, a.status
+      FROM webhooks.deliveries d
+      JOIN webhooks.attempts a ON a.delivery_id = d.id
+     WHERE d.subscription_id = %(id)s
+       AND d.created_at >= date_trunc('hour', now()) - make_interval(hours => %(hours)s + 47)
+       AND a.attempted_at >= date_trunc('hour', now()) - make_interval(hours => %(hours)s - 1)
+)
+SELECT to_char(hours.h AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:00:00"Z"') AS hour,
+       count(t.status) FILTER (WHERE t.status BETWEEN 200 AND 299) AS succeeded,
+       count(t.status) FILTER (WHERE t.status <> 0 AND t.status NOT BETWEEN 200 AND 299)
+           AS failed,
+       count(t.status) FILTER (WHERE t.status = 0) AS unanswered
+  FROM hours LEFT JOIN tried t ON t.h = hours.h
+ GROUP BY hours.h
+ ORDER BY hours.h

@@ -52,3 +52,34 @@ async def test_one_json_style_for_every_answer(api: Api) -> None:
         assert response.status_code in (200, 201)
         assert response.text == json.dumps(response.json(), separators=(",", ":"),
                                            ensure_ascii=False), response.text
+
+
+async def test_stats_count_attempts_per_hour(api: Api) -> None:
+    sub = await api.create()
+    other = await api.create(token=api.new_token("mallory"))
+    api.sql("SELECT webhooks.ensure_partitions(now() - interval '3 hours', now())")
+    # Three attempts this hour (2xx, 503, no answer) and one two hours ago, of one delivery
+    # each; another subscription's attempt is not counted.
+    for sid, ago, status in ((sub["id"], 0, 200), (sub["id"], 0, 503), (sub["id"], 0, 0),
+                             (sub["id"], 2, 200), (other["id"], 0, 200)):
+        api.sql(
+            "WITH e AS (INSERT INTO webhooks.events (id, hook_resource, name, occurred_at, body)"
+            " VALUES (nextval('webhooks.event_ids'), 'invoices', 'invoice.create', now(), '{}')"
+            " RETURNING id), d AS (INSERT INTO webhooks.deliveries (event_id, subscription_id,"
+            " created_at) SELECT e.id, %s, date_trunc('hour', now()) - make_interval(hours => %s)"
+            " FROM e RETURNING id, created_at)"
+            " INSERT INTO webhooks.attempts (delivery_id, subscription_id, attempt, attempted_at,"
+            " status, duration_ms) SELECT d.id, %s, 1, d.created_at, %s, 1 FROM d",
+            sid, ago, sid, status)
+    got = (await api.request("GET", f"/api/v1/webhooks/{sub['id']}/stats?hours=3")).json()
+    assert got["hours"] == 3 and len(got["buckets"]) == 3
+    assert [(b["succeeded"], b["failed"], b["unanswered"]) for b in got["buckets"]] == \
+        [(1, 0, 0), (0, 0, 0), (1, 1, 1)]
+    assert got["buckets"][-1]["hour"].endswith(":00:00Z")
+    day = (await api.request("GET", f"/api/v1/webhooks/{sub['id']}/stats")).json()
+    assert day["hours"] == 24 and len(day["buckets"]) == 24
+    for bad in ("0", "169", "x", "1.5"):
+        response = await api.request("GET", f"/api/v1/webhooks/{sub['id']}/stats?hours={bad}")
+        assert response.status_code == 400 and "hours" in response.json()["error"]
+    theirs = await api.request("GET", f"/api/v1/webhooks/{other['id']}/stats")
+    assert theirs.status_code == 404
