@@ -236,7 +236,7 @@ def check_unchanged(body: dict[str, Any], current: Subscription, names: list[str
             raise ApiError(400, f"field 'id' must be an integer, not {json_type(value)}")
         if value != current.id:
             raise ApiError(400, "field 'id' cannot be changed")
-    for name in ("resource", "target"):
+    for name in ("resource",):
         if name in body and string_field(body, name) != getattr(current, name):
             raise ApiError(400, f"field {name!r} cannot be changed; create a new webhook "
                                 "and delete this one instead")
@@ -294,8 +294,10 @@ UPDATE_SCHEMA = Schema(
     type=OpenAPIType.OBJECT,
     required=["active"],
     additional_properties=False,
-    description="Only active changes; id, resource, events and target may be sent with their "
-                "current values; last_* fields are read-only and ignored.",
+    description="active changes; a new target moves the subscription after the verification "
+                "handshake with its secret (id, secret and log stay); id, resource and events "
+                "may be sent with their current values; last_* fields are read-only and "
+                "ignored.",
     properties={
         "active": Schema(type=OpenAPIType.BOOLEAN),
         "id": Schema(type=OpenAPIType.INTEGER),

@@ -142,6 +142,49 @@ async def _settle(store: Store, subscription_id: int, settings: Settings) -> Non
                     subscription_id, settings.verify_timeout)
 
 
+async def _check_target(target: str, settings: Settings) -> None:
+    """400 unless `target` may be a target (scheme, length, SSRF rules), checked within the
+    verify timeout."""
+    try:
+        # The whole check, not only each lookup, is bounded by the verify timeout.
+        async with asyncio.timeout(settings.verify_timeout):
+            await check_target(target, settings.allow_private_targets,
+                               settings.max_target_length,
+                               timeout=min(settings.dns_timeout, settings.verify_timeout),
+                               nameservers=settings.dns_servers or None)
+    except TargetRejected as exc:
+        raise ApiError(400, str(exc)) from None
+    except TimeoutError:
+        raise ApiError(400, f"target host did not resolve within {settings.verify_timeout:g} "
+                            "seconds") from None
+
+
+async def _move_target(store: Store, number: int, target: str, principal: Principal,
+                       settings: Settings, client: httpx.AsyncClient, box: SecretBox,
+                       metrics: ApiMetrics) -> None:
+    """Moves the subscription to `target` once the target has echoed the subscription's own
+    secret (no connection is held during the handshake); 400 and nothing changed when it
+    does not. Nothing to do when `target` is the current one."""
+    row = await store.subscription_secret(id=number, owner=principal.owner,
+                                          tenant=principal.tenant)
+    if row is None:
+        raise ApiError(404, f"no webhook with id {number}")
+    if row["target"] == target:
+        return
+    await _check_target(target, settings)
+    try:
+        await verify(client, target, box.open(row["secret"]), settings.verify_timeout)
+    except HandshakeFailed as exc:
+        metrics.handshake(exc.outcome)
+        raise ApiError(400, f"target verification failed, the target is unchanged: {exc}"
+                       ) from None
+    metrics.handshake("verified")
+    if not await store.set_subscription_target(id=number, target=target,
+                                               previous=row["target"]):
+        raise ApiError(409, f"webhook {number}'s target changed during the handshake; "
+                            "send the request again")
+
+
 async def _check_filter_budget(session: Session, principal: Principal, subscription_id: int,
                                path: str | None, settings: Settings) -> None:
     """400 when activating a subscription with filter `path` would take the owner's active
@@ -235,18 +278,7 @@ async def create_webhook(
                             f"{shown(str(ordering))}")
     names = await _canonical_events(store, resource, text, settings.max_events_per_subscription)
     filter_, path = await _filter(store, resource, names, body.get("filter"))
-    try:
-        # The whole check, not only each lookup, is bounded by the verify timeout.
-        async with asyncio.timeout(settings.verify_timeout):
-            await check_target(target, settings.allow_private_targets,
-                               settings.max_target_length,
-                               timeout=min(settings.dns_timeout, settings.verify_timeout),
-                               nameservers=settings.dns_servers or None)
-    except TargetRejected as exc:
-        raise ApiError(400, str(exc)) from None
-    except TimeoutError:
-        raise ApiError(400, f"target host did not resolve within {settings.verify_timeout:g} "
-                            "seconds") from None
+    await _check_target(target, settings)
     # Checked before the handshake too, so that a full owner does not bother its target.
     limit = settings.max_subscriptions_per_owner
     if await store.count_subscriptions(owner=principal.owner) >= limit:
@@ -288,7 +320,7 @@ async def get_webhook(webhook_id: IdPath, principal: PrincipalDep, store: StoreD
     return Response(cast(Any, doc.encode()), media_type=MediaType.JSON)
 
 
-@put("/webhooks/{webhook_id:str}", summary="Activate or deactivate a subscription",
+@put("/webhooks/{webhook_id:str}", summary="Activate, deactivate or move a subscription",
      operation_class=UpdateOperation, responses=error_responses(*API_ERRORS))
 async def update_webhook(
     webhook_id: IdPath,
@@ -296,13 +328,21 @@ async def update_webhook(
     principal: PrincipalDep,
     store: StoreDep,
     settings: SettingsDep,
+    client: ClientDep,
+    box: BoxDep,
+    metrics: MetricsDep,
 ) -> Response[Subscription]:
-    """Sets `active`; other fields may be sent only with their current values."""
+    """Sets `active`, and may move the subscription to a new `target` (verified by the
+    handshake with its secret first; its id, secret and log stay); other fields may be
+    sent only with their current values."""
     number = _subscription_id(webhook_id)
     body = parse_object(await request.body())
     check_fields(body, UPDATE_FIELDS, ("active",))
     active = bool_field(body, "active")
     text = events_field(body) if "events" in body else None
+    if "target" in body:
+        await _move_target(store, number, string_field(body, "target"), principal, settings,
+                           client, box, metrics)
     async with store.transaction() as s:
         row = await s.lock_subscription(id=number, owner=principal.owner,
                                         tenant=principal.tenant)

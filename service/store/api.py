@@ -112,3 +112,14 @@ class ApiQueries(AsyncQueries):
         """The subscription's compiled filter, or None."""
         row = await self._one("api_subscription_filter_path", {"id": id})
         return row["filter_path"] if row else None
+
+    async def subscription_secret(self, *, id: int, owner: str, tenant: str | None
+                                  ) -> dict[str, Any] | None:
+        """The caller's subscription's target and stored secret ({"target", "secret"})."""
+        return await self._one("api_subscription_secret",
+                               {"id": id, "owner": owner, "tenant": tenant})
+
+    async def set_subscription_target(self, *, id: int, target: str, previous: str) -> bool:
+        """Moves the subscription to `target` if its target is still `previous`."""
+        return await self._one("api_subscription_set_target",
+                               {"id": id, "target": target, "previous": previous}) is not None

@@ -134,3 +134,16 @@ SELECT coalesce(sum(octet_length(filter_path::text)), 0)::bigint AS used,
 
 -- name: api_subscription_filter_path --
 SELECT filter_path::text AS filter_path FROM webhooks.subscriptions WHERE id = %(id)s
+
+-- name: api_subscription_secret --
+-- The caller's subscription's target and stored secret, for a handshake with a new target.
+SELECT target, secret FROM webhooks.subscriptions
+ WHERE id = %(id)s AND owner = %(owner)s
+   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
+
+-- name: api_subscription_set_target --
+-- Moves the subscription to a target the handshake verified, unless its target changed
+-- meanwhile (another request): then nothing, and the API says so.
+UPDATE webhooks.subscriptions SET target = %(target)s
+ WHERE id = %(id)s AND target = %(previous)s
+RETURNING id

@@ -83,3 +83,31 @@ async def test_stats_count_attempts_per_hour(api: Api) -> None:
         assert response.status_code == 400 and "hours" in response.json()["error"]
     theirs = await api.request("GET", f"/api/v1/webhooks/{other['id']}/stats")
     assert theirs.status_code == 404
+
+
+async def test_put_moves_the_target_after_the_handshake(api: Api) -> None:
+    from tests.support.receivers import Receiver, status
+
+    sub = await api.create()
+    api.sql("UPDATE webhooks.subscriptions SET last_status = 200 WHERE id = %s", sub["id"])
+    [(secret,)] = api.sql("SELECT secret FROM webhooks.subscriptions WHERE id = %s", sub["id"])
+    async with Receiver() as refusing, Receiver() as moved:
+        refusing.behaviour = status(503)
+        refused = await api.request("PUT", f"/api/v1/webhooks/{sub['id']}",
+                                    json={"active": True, "target": refusing.url})
+        assert refused.status_code == 400, refused.text
+        assert "target verification failed, the target is unchanged" in refused.json()["error"]
+        assert api.sql("SELECT target FROM webhooks.subscriptions WHERE id = %s",
+                       sub["id"]) == [(api.receiver.url,)]
+        ok = await api.request("PUT", f"/api/v1/webhooks/{sub['id']}",
+                               json={"active": True, "target": moved.url})
+        assert ok.status_code == 200, ok.text
+        assert ok.json()["target"] == moved.url and ok.json()["id"] == sub["id"]
+        # The handshake carried the subscription's own secret, which stays.
+        [handshake] = moved.received
+        assert handshake.headers["x-hook-secret"] == secret
+        assert api.sql("SELECT secret FROM webhooks.subscriptions WHERE id = %s",
+                       sub["id"]) == [(secret,)]
+        bad = await api.request("PUT", f"/api/v1/webhooks/{sub['id']}",
+                                json={"active": True, "target": "ftp://example.com/"})
+        assert bad.status_code == 400
