@@ -747,19 +747,9 @@ CREATE FUNCTION webhooks.detach(table_name regclass) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-DECLARE
-    v_resource text;
-    v_events text[];
 BEGIN
-    SELECT e.resource, array_agg(e.event) INTO v_resource, v_events
-      FROM webhooks.hook_events e WHERE e.table_oid = detach.table_name
-     GROUP BY e.resource;
-    PERFORM webhooks.drop_capture(detach.table_name);
-    IF v_resource IS NOT NULL THEN
-        PERFORM webhooks.hold_subscriptions(v_resource, v_events, '{}',
-                                            format('table %s was detached', detach.table_name),
-                                            NULL);
-    END IF;
+    PERFORM webhooks.forget_table(detach.table_name,
+                                  format('table %s was detached', detach.table_name));
 END
 $$;
 
@@ -947,6 +937,24 @@ BEGIN
      USING gone g
      WHERE d.subscription_id = g.id;
     RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION webhooks.forget_table(table_name regclass, reason text) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_resource text;
+    v_events text[];
+BEGIN
+    SELECT e.resource, array_agg(e.event) INTO v_resource, v_events
+      FROM webhooks.hook_events e WHERE e.table_oid = forget_table.table_name
+     GROUP BY e.resource;
+    PERFORM webhooks.drop_capture(forget_table.table_name);
+    IF v_resource IS NOT NULL THEN
+        PERFORM webhooks.hold_subscriptions(v_resource, v_events, '{}', reason, NULL);
+    END IF;
 END
 $$;
 
@@ -1307,8 +1315,6 @@ CREATE FUNCTION webhooks.on_drop() RETURNS event_trigger
     AS $$
 DECLARE
     r record;
-    v_resource text;
-    v_events text[];
 BEGIN
     FOR r IN
         -- The attachments are found by primary key (a DROP of other tables costs one probe).
@@ -1322,15 +1328,8 @@ BEGIN
                                             AND x.objsubid = 0))
     LOOP
         -- As webhooks.detach, naming the table by the name it had.
-        SELECT e.resource, array_agg(e.event) INTO v_resource, v_events
-          FROM webhooks.hook_events e WHERE e.table_oid = r.table_oid
-         GROUP BY e.resource;
-        PERFORM webhooks.drop_capture(r.table_oid);
-        IF v_resource IS NOT NULL THEN
-            PERFORM webhooks.hold_subscriptions(v_resource, v_events, '{}',
-                                                format('table %s was dropped', r.object_identity),
-                                                NULL);
-        END IF;
+        PERFORM webhooks.forget_table(r.table_oid,
+                                      format('table %s was dropped', r.object_identity));
     END LOOP;
 END
 $$;
@@ -2097,6 +2096,8 @@ REVOKE ALL ON FUNCTION webhooks.fail_backfill(backfill_id bigint, reason text) F
 REVOKE ALL ON FUNCTION webhooks.filter_passes(filter_path jsonpath, row_data jsonb, changed text[]) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.forget_deliveries() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION webhooks.forget_table(table_name regclass, reason text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.hold_subscriptions(resource text, gone text[], hidden text[], why_gone text, why_hidden text) FROM PUBLIC;
 

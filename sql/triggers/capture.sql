@@ -457,21 +457,30 @@ END
 $$;
 
 
-CREATE OR REPLACE FUNCTION webhooks.detach(table_name regclass) RETURNS void
+-- A table leaves the service (detach, DROP TABLE): its capture goes, and the subscriptions
+-- left with nothing to receive stop, saying `reason` (webhooks.hold_subscriptions).
+CREATE OR REPLACE FUNCTION webhooks.forget_table(table_name regclass, reason text)
+RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_resource text;
     v_events text[];
 BEGIN
     SELECT e.resource, array_agg(e.event) INTO v_resource, v_events
-      FROM webhooks.hook_events e WHERE e.table_oid = detach.table_name
+      FROM webhooks.hook_events e WHERE e.table_oid = forget_table.table_name
      GROUP BY e.resource;
-    PERFORM webhooks.drop_capture(detach.table_name);
+    PERFORM webhooks.drop_capture(forget_table.table_name);
     IF v_resource IS NOT NULL THEN
-        PERFORM webhooks.hold_subscriptions(v_resource, v_events, '{}',
-                                            format('table %s was detached', detach.table_name),
-                                            NULL);
+        PERFORM webhooks.hold_subscriptions(v_resource, v_events, '{}', reason, NULL);
     END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION webhooks.detach(table_name regclass) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM webhooks.forget_table(detach.table_name,
+                                  format('table %s was detached', detach.table_name));
 END
 $$;
 
@@ -697,8 +706,6 @@ CREATE OR REPLACE FUNCTION webhooks.on_drop() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     r record;
-    v_resource text;
-    v_events text[];
 BEGIN
     FOR r IN
         -- The attachments are found by primary key (a DROP of other tables costs one probe).
@@ -712,15 +719,8 @@ BEGIN
                                             AND x.objsubid = 0))
     LOOP
         -- As webhooks.detach, naming the table by the name it had.
-        SELECT e.resource, array_agg(e.event) INTO v_resource, v_events
-          FROM webhooks.hook_events e WHERE e.table_oid = r.table_oid
-         GROUP BY e.resource;
-        PERFORM webhooks.drop_capture(r.table_oid);
-        IF v_resource IS NOT NULL THEN
-            PERFORM webhooks.hold_subscriptions(v_resource, v_events, '{}',
-                                                format('table %s was dropped', r.object_identity),
-                                                NULL);
-        END IF;
+        PERFORM webhooks.forget_table(r.table_oid,
+                                      format('table %s was dropped', r.object_identity));
     END LOOP;
 END
 $$;
