@@ -196,7 +196,7 @@ WITH page AS (
            %6$s AS parent_id,
            %7$s AS tenant,
            %8$s AS user_id,
-           %9$s AS row_data
+           %9$s AS row_json
       FROM %2$s c
      WHERE %3$s%4$s AND %1$s OPERATOR(pg_catalog.<=) (SELECT l.k FROM last l)
 ), kept AS (
@@ -205,14 +205,11 @@ WITH page AS (
 ), ev AS (
     INSERT INTO webhooks.events (id, hook_resource, name, tenant, occurred_at, body)
     SELECT k.event_id, %11$L, %12$L, k.tenant, $7,
-           webhooks.event_body(
-               k.event_id, %12$L, %13$L, k.resource_id, k.user_id, $7,
-               %14$s,
-               CASE WHEN k.row_data IS NULL THEN '{}'::pg_catalog.jsonb
-                    WHEN pg_catalog.octet_length(k.row_data::pg_catalog.text)
-                         OPERATOR(pg_catalog.<=) $6
-                    THEN pg_catalog.jsonb_build_object('resource', k.row_data)
-                    ELSE pg_catalog.jsonb_build_object('resource_omitted', 'too_large') END)
+           '{"event": ' OPERATOR(pg_catalog.||)
+           webhooks.event_json(k.event_id, %12$L, %13$L, k.resource_id, k.user_id, $7, %14$s)
+           OPERATOR(pg_catalog.||) webhooks.body_member(
+               'resource', webhooks.ordered_json(k.row_json), $6)
+           OPERATOR(pg_catalog.||) '}'
       FROM kept k
     RETURNING 1
 ), created AS (
@@ -237,10 +234,10 @@ $q$,
              ELSE webhooks.column_sql(a.table_oid, a.tenant_column, true) END,
         CASE WHEN a.user_column IS NULL THEN 'NULL::pg_catalog.text'
              ELSE webhooks.column_sql(a.table_oid, a.user_column, true) END,
-        CASE WHEN a.include_row THEN format('(%s)::pg_catalog.jsonb', webhooks.row_sql(a))
-             ELSE 'NULL::pg_catalog.jsonb' END,
+        CASE WHEN a.include_row THEN webhooks.row_sql(a) ELSE 'NULL::pg_catalog.json' END,
         CASE WHEN filtered
-             THEN 'webhooks.filter_passes($4::pg_catalog.jsonpath, p.row_data, NULL::pg_catalog.text[])'
+             THEN 'webhooks.filter_passes($4::pg_catalog.jsonpath, p.row_json::pg_catalog.jsonb, '
+                  'NULL::pg_catalog.text[])'
              ELSE 'true' END,
         a.hook_resource, a.noun || '.snapshot', a.resource,
         CASE WHEN a.parent_resource IS NULL THEN 'NULL::pg_catalog.jsonb'

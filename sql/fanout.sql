@@ -1,6 +1,6 @@
 -- Fan-out's side of the outbox: how a captured statement's JSON array becomes one change
 -- per row. The worker's fan-out statement (sql/queries/fanout.sql) reads outbox rows
--- through webhooks.changes; webhooks.outbox_changes shows what waits, one change a row.
+-- through webhooks.change_rows; webhooks.outbox_changes shows what waits, one change a row.
 -- Re-applied by every `webhooks migrate`, after sql/triggers/capture.sql.
 
 -- Why a JSON value cannot become JSONB, or NULL when it can.
@@ -18,21 +18,40 @@ END
 $$;
 
 
+-- A JSON object as text with its members in their own order (json keeps it; jsonb sorts
+-- them by length, then name) and each value written as jsonb writes it: a captured row
+-- goes out with its columns in table order. Anything but an object is written as jsonb.
+-- Every name is qualified and nothing is SET, so callers' statements inline it.
+CREATE OR REPLACE FUNCTION webhooks.ordered_json(value json) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN pg_catalog.json_typeof(value) OPERATOR(pg_catalog.=) 'object' THEN
+               (SELECT '{' OPERATOR(pg_catalog.||) coalesce(pg_catalog.string_agg(
+                           pg_catalog.to_json(m.key)::pg_catalog.text
+                           OPERATOR(pg_catalog.||) ': '
+                           OPERATOR(pg_catalog.||) m.value::pg_catalog.jsonb::pg_catalog.text,
+                           ', ' ORDER BY m.ord), '') OPERATOR(pg_catalog.||) '}'
+                  FROM pg_catalog.json_each(value) WITH ORDINALITY AS m (key, value, ord))
+           ELSE value::pg_catalog.jsonb::pg_catalog.text
+           END
+$$;
+
+
 -- The changes of one outbox row, one row each, as they are delivered: the row as JSONB
--- (NULL when the table is attached with include_row false), its id, parent id, tenant and
+-- (NULL when the table is attached with include_row false), for filters, and as captured
+-- (row_json: columns in table order, for the body), its id, parent id, tenant and
 -- user_id (the transaction's webhooks.user_id unless empty, else the user column, else
 -- the role). For an UPDATE, `changed` names the columns whose values changed, in table
 -- order (every sent column when the row's id changed, so no previous row was paired), and
--- `previous` is the row as it was when the table is attached with include_previous (and
--- include_row). A truncate's one change has neither id nor row. With
--- `careful`, a change whose JSON PostgreSQL cannot take as JSONB (a \u0000 in a json
+-- `previous` (and previous_json) is the row as it was when the table is attached with
+-- include_previous (and include_row). A truncate's one change has neither id nor row.
+-- With `careful`, a change whose JSON PostgreSQL cannot take as JSONB (a \u0000 in a json
 -- column, say) comes with the reason in `problem` and no values (even json's -> parses,
 -- and fails on, the whole element), instead of failing the statement, and `raw` holds it
 -- as captured; fan-out sets it aside.
-CREATE OR REPLACE FUNCTION webhooks.changes(o webhooks.outbox, careful boolean DEFAULT false)
+CREATE OR REPLACE FUNCTION webhooks.change_rows(o webhooks.outbox, careful boolean DEFAULT false)
 RETURNS TABLE (n bigint, resource_id jsonb, parent_id jsonb, user_id text,
                tenant_scoped boolean, tenant text, row_data jsonb, problem text, raw json,
-               changed text[], previous jsonb)
+               changed text[], previous jsonb, row_json json, previous_json json)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT e.n,
            CASE WHEN p.problem IS NULL THEN (e.j -> 0)::jsonb END,
@@ -62,10 +81,26 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
            CASE WHEN p.problem IS NULL AND o.include_row AND o.include_previous
                      AND json_array_length(e.j) > 5
                      AND json_typeof(e.j -> 5) = 'object'
-                THEN (e.j -> 5)::jsonb END
+                THEN (e.j -> 5)::jsonb END,
+           CASE WHEN p.problem IS NULL AND o.include_row THEN e.j -> 4 END,
+           CASE WHEN p.problem IS NULL AND o.include_row AND o.include_previous
+                     AND json_array_length(e.j) > 5
+                     AND json_typeof(e.j -> 5) = 'object'
+                THEN e.j -> 5 END
       FROM json_array_elements(o.rows) WITH ORDINALITY AS e (j, n)
      CROSS JOIN LATERAL (SELECT CASE WHEN careful THEN webhooks.jsonb_problem(e.j) END
                                 AS problem) p
+$$;
+
+-- webhooks.change_rows without the texts as sent (the view below shows these).
+CREATE OR REPLACE FUNCTION webhooks.changes(o webhooks.outbox, careful boolean DEFAULT false)
+RETURNS TABLE (n bigint, resource_id jsonb, parent_id jsonb, user_id text,
+               tenant_scoped boolean, tenant text, row_data jsonb, problem text, raw json,
+               changed text[], previous jsonb)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT c.n, c.resource_id, c.parent_id, c.user_id, c.tenant_scoped, c.tenant,
+           c.row_data, c.problem, c.raw, c.changed, c.previous
+      FROM webhooks.change_rows(o, careful) c
 $$;
 
 
@@ -95,35 +130,67 @@ LANGUAGE sql STABLE AS $$
                true), false)
 $$;
 
--- The delivery body of an event (`parent` goes inside `event`), built
--- once per event when it is queued: fan-out, the operational events and test events all
--- use it. `members` holds what follows the envelope (`resource`, or `resource_omitted`,
--- and `previous`); `changed` (an update's changed columns) goes inside `event`;
--- || adds optional members only when present (jsonb_strip_nulls would also drop a row's
--- own null columns). Every name is qualified and nothing is SET, so fan-out's statement
--- inlines it.
+-- The `event` member of a delivery body, its members in the documented order (`parent`
+-- and an update's `changed` only when present), written as jsonb writes values. Every
+-- name is qualified and nothing is SET, so fan-out's statement inlines it.
+CREATE OR REPLACE FUNCTION webhooks.event_json(
+    event_id bigint, name text, resource text, resource_id jsonb, user_id text,
+    occurred_at timestamptz, parent jsonb DEFAULT NULL, changed jsonb DEFAULT NULL
+) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT pg_catalog.concat(
+        '{"id": ', event_id,
+        ', "name": ', pg_catalog.to_json(name),
+        ', "resource": ', pg_catalog.to_json(resource),
+        ', "resource_id": ', coalesce(resource_id::pg_catalog.text, 'null'),
+        ', "parent": ' OPERATOR(pg_catalog.||) parent::pg_catalog.text,
+        ', "user_id": ', coalesce(pg_catalog.to_json(user_id)::pg_catalog.text, 'null'),
+        ', "occurred_at": "', pg_catalog.to_char(occurred_at AT TIME ZONE 'UTC',
+                                                 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        '"', ', "changed": ' OPERATOR(pg_catalog.||) changed::pg_catalog.text,
+        '}')
+$$;
+
+-- A member after `event` in a delivery body, with its leading ", ": `value` (JSON text)
+-- under `name`, or `"<name>_omitted": "too_large"` when it is over `max_bytes`, or nothing
+-- when there is no value.
+CREATE OR REPLACE FUNCTION webhooks.body_member(name text, value text, max_bytes integer)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN value IS NULL THEN ''
+                WHEN max_bytes IS NULL
+                     OR pg_catalog.octet_length(value) OPERATOR(pg_catalog.<=) max_bytes
+                THEN ', ' OPERATOR(pg_catalog.||) pg_catalog.to_json(name)::pg_catalog.text
+                     OPERATOR(pg_catalog.||) ': ' OPERATOR(pg_catalog.||) value
+                ELSE ', ' OPERATOR(pg_catalog.||)
+                     pg_catalog.to_json(name OPERATOR(pg_catalog.||) '_omitted')::pg_catalog.text
+                     OPERATOR(pg_catalog.||) ': "too_large"'
+           END
+$$;
+
+-- The delivery body of an event, built once per event when it is queued: fan-out, the
+-- operational events, backfills and test events all build it from webhooks.event_json
+-- and webhooks.body_member: `{"event": {...}, "resource": {...}, "previous": {...}}`.
+-- This form takes the members after `event` as jsonb (`resource` first, then
+-- `previous`, each also as `<name>_omitted`), for callers without a row in table order.
 CREATE OR REPLACE FUNCTION webhooks.event_body(
     event_id bigint, name text, resource text, resource_id jsonb, user_id text,
     occurred_at timestamptz, parent jsonb DEFAULT NULL, members jsonb DEFAULT '{}',
     changed jsonb DEFAULT NULL
 ) RETURNS text
 LANGUAGE sql STABLE AS $$
-    SELECT (pg_catalog.jsonb_build_object(
-                'event', pg_catalog.jsonb_build_object(
-                    'id', event_id,
-                    'name', name,
-                    'resource', resource,
-                    'resource_id', resource_id,
-                    'user_id', user_id,
-                    'occurred_at', pg_catalog.to_char(occurred_at AT TIME ZONE 'UTC',
-                                                      'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
-                OPERATOR(pg_catalog.||) CASE WHEN parent IS NULL THEN '{}'::pg_catalog.jsonb
-                                             ELSE pg_catalog.jsonb_build_object('parent', parent)
-                                        END
-                OPERATOR(pg_catalog.||) CASE WHEN changed IS NULL THEN '{}'::pg_catalog.jsonb
-                                             ELSE pg_catalog.jsonb_build_object('changed', changed)
-                                        END)
-            OPERATOR(pg_catalog.||) members)::pg_catalog.text
+    SELECT '{"event": ' OPERATOR(pg_catalog.||)
+           webhooks.event_json(event_id, name, resource, resource_id, user_id, occurred_at,
+                               parent, changed)
+           OPERATOR(pg_catalog.||) coalesce(
+               (SELECT pg_catalog.string_agg(
+                           webhooks.body_member(m.key, m.value::pg_catalog.text, NULL), ''
+                           ORDER BY pg_catalog.array_position(
+                                        ARRAY['resource', 'resource_omitted', 'previous',
+                                              'previous_omitted'], m.key),
+                                    m.key)
+                  FROM pg_catalog.jsonb_each(members) AS m (key, value)), '')
+           OPERATOR(pg_catalog.||) '}'
 $$;
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA webhooks FROM PUBLIC;

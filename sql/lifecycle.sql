@@ -36,11 +36,13 @@ BEGIN
     INSERT INTO webhooks.events (id, hook_resource, name, tenant, occurred_at, body)
     VALUES (v_event, 'webhooks', lifecycle_event.event_name, lifecycle_event.subject.tenant,
             now(),
-            webhooks.event_body(
-                v_event, lifecycle_event.event_name, 'webhooks',
-                to_jsonb(lifecycle_event.subject.id), NULL, now(), NULL,
-                jsonb_build_object('resource',
-                                   webhooks.subscription_json(lifecycle_event.subject)::jsonb)));
+            '{"event": '
+            || webhooks.event_json(v_event, lifecycle_event.event_name, 'webhooks',
+                                   to_jsonb(lifecycle_event.subject.id), NULL, now())
+            -- The subscription as the API shows it, members in the same order.
+            || webhooks.body_member('resource', webhooks.ordered_json(
+                   webhooks.subscription_json(lifecycle_event.subject)::json), NULL)
+            || '}');
     INSERT INTO webhooks.deliveries (event_id, subscription_id)
     SELECT v_event, r FROM unnest(v_recipients) AS r;
     GET DIAGNOSTICS v_count = ROW_COUNT;

@@ -302,7 +302,7 @@ WITH page AS (
            %6$s AS parent_id,
            %7$s AS tenant,
            %8$s AS user_id,
-           %9$s AS row_data
+           %9$s AS row_json
       FROM %2$s c
      WHERE %3$s%4$s AND %1$s OPERATOR(pg_catalog.<=) (SELECT l.k FROM last l)
 ), kept AS (
@@ -311,14 +311,11 @@ WITH page AS (
 ), ev AS (
     INSERT INTO webhooks.events (id, hook_resource, name, tenant, occurred_at, body)
     SELECT k.event_id, %11$L, %12$L, k.tenant, $7,
-           webhooks.event_body(
-               k.event_id, %12$L, %13$L, k.resource_id, k.user_id, $7,
-               %14$s,
-               CASE WHEN k.row_data IS NULL THEN '{}'::pg_catalog.jsonb
-                    WHEN pg_catalog.octet_length(k.row_data::pg_catalog.text)
-                         OPERATOR(pg_catalog.<=) $6
-                    THEN pg_catalog.jsonb_build_object('resource', k.row_data)
-                    ELSE pg_catalog.jsonb_build_object('resource_omitted', 'too_large') END)
+           '{"event": ' OPERATOR(pg_catalog.||)
+           webhooks.event_json(k.event_id, %12$L, %13$L, k.resource_id, k.user_id, $7, %14$s)
+           OPERATOR(pg_catalog.||) webhooks.body_member(
+               'resource', webhooks.ordered_json(k.row_json), $6)
+           OPERATOR(pg_catalog.||) '}'
       FROM kept k
     RETURNING 1
 ), created AS (
@@ -343,10 +340,10 @@ $q$,
              ELSE webhooks.column_sql(a.table_oid, a.tenant_column, true) END,
         CASE WHEN a.user_column IS NULL THEN 'NULL::pg_catalog.text'
              ELSE webhooks.column_sql(a.table_oid, a.user_column, true) END,
-        CASE WHEN a.include_row THEN format('(%s)::pg_catalog.jsonb', webhooks.row_sql(a))
-             ELSE 'NULL::pg_catalog.jsonb' END,
+        CASE WHEN a.include_row THEN webhooks.row_sql(a) ELSE 'NULL::pg_catalog.json' END,
         CASE WHEN filtered
-             THEN 'webhooks.filter_passes($4::pg_catalog.jsonpath, p.row_data, NULL::pg_catalog.text[])'
+             THEN 'webhooks.filter_passes($4::pg_catalog.jsonpath, p.row_json::pg_catalog.jsonb, '
+                  'NULL::pg_catalog.text[])'
              ELSE 'true' END,
         a.hook_resource, a.noun || '.snapshot', a.resource,
         CASE WHEN a.parent_resource IS NULL THEN 'NULL::pg_catalog.jsonb'
@@ -484,6 +481,20 @@ BEGIN
                         CASE WHEN v_done THEN 'done' ELSE 'running' END,
                         b.rows + coalesce(v_queued, 0), coalesce(v_queued, 0);
 END
+$$;
+
+CREATE FUNCTION webhooks.body_member(name text, value text, max_bytes integer) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE WHEN value IS NULL THEN ''
+                WHEN max_bytes IS NULL
+                     OR pg_catalog.octet_length(value) OPERATOR(pg_catalog.<=) max_bytes
+                THEN ', ' OPERATOR(pg_catalog.||) pg_catalog.to_json(name)::pg_catalog.text
+                     OPERATOR(pg_catalog.||) ': ' OPERATOR(pg_catalog.||) value
+                ELSE ', ' OPERATOR(pg_catalog.||)
+                     pg_catalog.to_json(name OPERATOR(pg_catalog.||) '_omitted')::pg_catalog.text
+                     OPERATOR(pg_catalog.||) ': "too_large"'
+           END
 $$;
 
 CREATE FUNCTION webhooks.capture_source(a webhooks.attachments) RETURNS text
@@ -652,7 +663,7 @@ CREATE TABLE webhooks.outbox (
     include_previous boolean DEFAULT false NOT NULL
 );
 
-CREATE FUNCTION webhooks.changes(o webhooks.outbox, careful boolean DEFAULT false) RETURNS TABLE(n bigint, resource_id jsonb, parent_id jsonb, user_id text, tenant_scoped boolean, tenant text, row_data jsonb, problem text, raw json, changed text[], previous jsonb)
+CREATE FUNCTION webhooks.change_rows(o webhooks.outbox, careful boolean DEFAULT false) RETURNS TABLE(n bigint, resource_id jsonb, parent_id jsonb, user_id text, tenant_scoped boolean, tenant text, row_data jsonb, problem text, raw json, changed text[], previous jsonb, row_json json, previous_json json)
     LANGUAGE sql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -684,10 +695,24 @@ CREATE FUNCTION webhooks.changes(o webhooks.outbox, careful boolean DEFAULT fals
            CASE WHEN p.problem IS NULL AND o.include_row AND o.include_previous
                      AND json_array_length(e.j) > 5
                      AND json_typeof(e.j -> 5) = 'object'
-                THEN (e.j -> 5)::jsonb END
+                THEN (e.j -> 5)::jsonb END,
+           CASE WHEN p.problem IS NULL AND o.include_row THEN e.j -> 4 END,
+           CASE WHEN p.problem IS NULL AND o.include_row AND o.include_previous
+                     AND json_array_length(e.j) > 5
+                     AND json_typeof(e.j -> 5) = 'object'
+                THEN e.j -> 5 END
       FROM json_array_elements(o.rows) WITH ORDINALITY AS e (j, n)
      CROSS JOIN LATERAL (SELECT CASE WHEN careful THEN webhooks.jsonb_problem(e.j) END
                                 AS problem) p
+$$;
+
+CREATE FUNCTION webhooks.changes(o webhooks.outbox, careful boolean DEFAULT false) RETURNS TABLE(n bigint, resource_id jsonb, parent_id jsonb, user_id text, tenant_scoped boolean, tenant text, row_data jsonb, problem text, raw json, changed text[], previous jsonb)
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT c.n, c.resource_id, c.parent_id, c.user_id, c.tenant_scoped, c.tenant,
+           c.row_data, c.problem, c.raw, c.changed, c.previous
+      FROM webhooks.change_rows(o, careful) c
 $$;
 
 CREATE FUNCTION webhooks.close_orphans() RETURNS bigint
@@ -848,22 +873,34 @@ $$;
 CREATE FUNCTION webhooks.event_body(event_id bigint, name text, resource text, resource_id jsonb, user_id text, occurred_at timestamp with time zone, parent jsonb DEFAULT NULL::jsonb, members jsonb DEFAULT '{}'::jsonb, changed jsonb DEFAULT NULL::jsonb) RETURNS text
     LANGUAGE sql STABLE
     AS $$
-    SELECT (pg_catalog.jsonb_build_object(
-                'event', pg_catalog.jsonb_build_object(
-                    'id', event_id,
-                    'name', name,
-                    'resource', resource,
-                    'resource_id', resource_id,
-                    'user_id', user_id,
-                    'occurred_at', pg_catalog.to_char(occurred_at AT TIME ZONE 'UTC',
-                                                      'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
-                OPERATOR(pg_catalog.||) CASE WHEN parent IS NULL THEN '{}'::pg_catalog.jsonb
-                                             ELSE pg_catalog.jsonb_build_object('parent', parent)
-                                        END
-                OPERATOR(pg_catalog.||) CASE WHEN changed IS NULL THEN '{}'::pg_catalog.jsonb
-                                             ELSE pg_catalog.jsonb_build_object('changed', changed)
-                                        END)
-            OPERATOR(pg_catalog.||) members)::pg_catalog.text
+    SELECT '{"event": ' OPERATOR(pg_catalog.||)
+           webhooks.event_json(event_id, name, resource, resource_id, user_id, occurred_at,
+                               parent, changed)
+           OPERATOR(pg_catalog.||) coalesce(
+               (SELECT pg_catalog.string_agg(
+                           webhooks.body_member(m.key, m.value::pg_catalog.text, NULL), ''
+                           ORDER BY pg_catalog.array_position(
+                                        ARRAY['resource', 'resource_omitted', 'previous',
+                                              'previous_omitted'], m.key),
+                                    m.key)
+                  FROM pg_catalog.jsonb_each(members) AS m (key, value)), '')
+           OPERATOR(pg_catalog.||) '}'
+$$;
+
+CREATE FUNCTION webhooks.event_json(event_id bigint, name text, resource text, resource_id jsonb, user_id text, occurred_at timestamp with time zone, parent jsonb DEFAULT NULL::jsonb, changed jsonb DEFAULT NULL::jsonb) RETURNS text
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT pg_catalog.concat(
+        '{"id": ', event_id,
+        ', "name": ', pg_catalog.to_json(name),
+        ', "resource": ', pg_catalog.to_json(resource),
+        ', "resource_id": ', coalesce(resource_id::pg_catalog.text, 'null'),
+        ', "parent": ' OPERATOR(pg_catalog.||) parent::pg_catalog.text,
+        ', "user_id": ', coalesce(pg_catalog.to_json(user_id)::pg_catalog.text, 'null'),
+        ', "occurred_at": "', pg_catalog.to_char(occurred_at AT TIME ZONE 'UTC',
+                                                 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        '"', ', "changed": ' OPERATOR(pg_catalog.||) changed::pg_catalog.text,
+        '}')
 $$;
 
 CREATE FUNCTION webhooks.expired_partitions(retention interval) RETURNS TABLE(parent text, partition text, lower_bound timestamp with time zone, upper_bound timestamp with time zone, detach_pending boolean)
@@ -1279,11 +1316,13 @@ BEGIN
     INSERT INTO webhooks.events (id, hook_resource, name, tenant, occurred_at, body)
     VALUES (v_event, 'webhooks', lifecycle_event.event_name, lifecycle_event.subject.tenant,
             now(),
-            webhooks.event_body(
-                v_event, lifecycle_event.event_name, 'webhooks',
-                to_jsonb(lifecycle_event.subject.id), NULL, now(), NULL,
-                jsonb_build_object('resource',
-                                   webhooks.subscription_json(lifecycle_event.subject)::jsonb)));
+            '{"event": '
+            || webhooks.event_json(v_event, lifecycle_event.event_name, 'webhooks',
+                                   to_jsonb(lifecycle_event.subject.id), NULL, now())
+            -- The subscription as the API shows it, members in the same order.
+            || webhooks.body_member('resource', webhooks.ordered_json(
+                   webhooks.subscription_json(lifecycle_event.subject)::json), NULL)
+            || '}');
     INSERT INTO webhooks.deliveries (event_id, subscription_id)
     SELECT v_event, r FROM unnest(v_recipients) AS r;
     GET DIAGNOSTICS v_count = ROW_COUNT;
@@ -1332,6 +1371,20 @@ BEGIN
                                       format('table %s was dropped', r.object_identity));
     END LOOP;
 END
+$$;
+
+CREATE FUNCTION webhooks.ordered_json(value json) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE WHEN pg_catalog.json_typeof(value) OPERATOR(pg_catalog.=) 'object' THEN
+               (SELECT '{' OPERATOR(pg_catalog.||) coalesce(pg_catalog.string_agg(
+                           pg_catalog.to_json(m.key)::pg_catalog.text
+                           OPERATOR(pg_catalog.||) ': '
+                           OPERATOR(pg_catalog.||) m.value::pg_catalog.jsonb::pg_catalog.text,
+                           ', ' ORDER BY m.ord), '') OPERATOR(pg_catalog.||) '}'
+                  FROM pg_catalog.json_each(value) WITH ORDINALITY AS m (key, value, ord))
+           ELSE value::pg_catalog.jsonb::pg_catalog.text
+           END
 $$;
 
 CREATE FUNCTION webhooks.pairing_key(table_name regclass, id_column text) RETURNS text[]
@@ -2069,7 +2122,11 @@ REVOKE ALL ON FUNCTION webhooks.backfill_sql(a webhooks.attachments, tenant_scop
 
 REVOKE ALL ON FUNCTION webhooks.backfill_step(batch_size integer, max_row_bytes integer, ahead integer) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION webhooks.body_member(name text, value text, max_bytes integer) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION webhooks.capture_source(a webhooks.attachments) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION webhooks.change_rows(o webhooks.outbox, careful boolean) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.changes(o webhooks.outbox, careful boolean) FROM PUBLIC;
 
@@ -2088,6 +2145,8 @@ REVOKE ALL ON FUNCTION webhooks.drop_capture_triggers(table_name regclass) FROM 
 REVOKE ALL ON FUNCTION webhooks.ensure_partitions(since timestamp with time zone, until timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.event_body(event_id bigint, name text, resource text, resource_id jsonb, user_id text, occurred_at timestamp with time zone, parent jsonb, members jsonb, changed jsonb) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION webhooks.event_json(event_id bigint, name text, resource text, resource_id jsonb, user_id text, occurred_at timestamp with time zone, parent jsonb, changed jsonb) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.expired_partitions(retention interval) FROM PUBLIC;
 
@@ -2116,6 +2175,8 @@ REVOKE ALL ON FUNCTION webhooks.lifecycle_event(subject webhooks.subscriptions, 
 REVOKE ALL ON FUNCTION webhooks.on_alter_table() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.on_drop() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION webhooks.ordered_json(value json) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.pairing_key(table_name regclass, id_column text) FROM PUBLIC;
 

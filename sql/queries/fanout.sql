@@ -23,7 +23,7 @@ WITH lock AS (
       FROM (SELECT (b.o).hook_resource, (b.o).name, (b.o).resource, (b.o).parent_resource,
                    (b.o).occurred_at, (b.o).xid, c.*
               FROM batch b
-             CROSS JOIN LATERAL webhooks.changes(b.o, %(careful)s) c
+             CROSS JOIN LATERAL webhooks.change_rows(b.o, %(careful)s) c
              ORDER BY b.id, c.n) ordered
 ), rejected AS (
     -- Careful mode only: changes that cannot become events are set aside, with why.
@@ -79,22 +79,22 @@ WITH lock AS (
 ), kept AS (
     INSERT INTO webhooks.events (id, hook_resource, name, tenant, occurred_at, body)
     SELECT ch.event_id, ch.hook_resource, ch.name, ch.tenant, ch.occurred_at,
-           webhooks.event_body(
-               ch.event_id, ch.name, ch.resource, ch.resource_id, ch.user_id, ch.occurred_at,
-               CASE WHEN ch.parent_resource IS NOT NULL
-                    THEN jsonb_build_object('resource', ch.parent_resource,
-                                            'resource_id', ch.parent_id) END,
-               -- A row over the size limit is left out and flagged, rather than blocking
-               -- the queue with a body no target would take.
-               CASE WHEN ch.row_data IS NULL THEN '{}'::jsonb
-                    WHEN octet_length(ch.row_data::text) <= %(max_row_bytes)s
-                    THEN jsonb_build_object('resource', ch.row_data)
-                    ELSE jsonb_build_object('resource_omitted', 'too_large') END
-               || CASE WHEN ch.previous IS NULL THEN '{}'::jsonb
-                       WHEN octet_length(ch.previous::text) <= %(max_row_bytes)s
-                       THEN jsonb_build_object('previous', ch.previous)
-                       ELSE jsonb_build_object('previous_omitted', 'too_large') END,
-               to_jsonb(ch.changed))
+           '{"event": '
+           || webhooks.event_json(
+                  ch.event_id, ch.name, ch.resource, ch.resource_id, ch.user_id,
+                  ch.occurred_at,
+                  CASE WHEN ch.parent_resource IS NOT NULL
+                       THEN jsonb_build_object('resource', ch.parent_resource,
+                                               'resource_id', ch.parent_id) END,
+                  to_jsonb(ch.changed))
+           -- The row (and the row before an update) in table order. One over the size
+           -- limit is left out and flagged, rather than blocking the queue with a body no
+           -- target would take.
+           || webhooks.body_member('resource', webhooks.ordered_json(ch.row_json),
+                                   %(max_row_bytes)s)
+           || webhooks.body_member('previous', webhooks.ordered_json(ch.previous_json),
+                                   %(max_row_bytes)s)
+           || '}'
       FROM changes ch
      WHERE ch.event_id IN (SELECT event_id FROM matched)
     RETURNING id
