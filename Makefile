@@ -18,7 +18,9 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is needed"'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,dev]'
+# setuptools warns on every editable install that a folder named like the package could
+# shadow it: that folder is the package.
+	PYTHONWARNINGS=ignore $(BIN)/pip install --quiet -e '.[test,dev]'
 	@touch $@
 
 install: $(STAMP) ## create .venv with the service and its dependencies
