@@ -64,10 +64,13 @@ class _Connector(aiohttp.TCPConnector):
 
 
 def make_session(*, allow_private: bool, max_connections: int = 100, per_host: int = 0,
-                 dns_timeout: float = DNS_TIMEOUT, dns_servers: Sequence[str] = ()
+                 dns_timeout: float = DNS_TIMEOUT, dns_servers: Sequence[str] = (),
+                 total_timeout: float | None = 300.0, connect_timeout: float | None = 30.0
                  ) -> aiohttp.ClientSession:
     """An aiohttp session: guarded asynchronous resolution (each lookup bounded by
-    `dns_timeout`), no cookies kept, no compression asked for and none undone.
+    `dns_timeout`), no cookies kept, no compression asked for and none undone. A request
+    takes at most `total_timeout` seconds unless the caller bounds it (None: the caller
+    must), its connection at most `connect_timeout`.
 
     Create it inside the event loop that will use it, and close it with `close()`.
     """
@@ -78,7 +81,9 @@ def make_session(*, allow_private: bool, max_connections: int = 100, per_host: i
         ttl_dns_cache=10,
     )
     return aiohttp.ClientSession(connector=connector, auto_decompress=False, trust_env=False,
-                                 cookie_jar=aiohttp.DummyCookieJar(), headers=HEADERS)
+                                 cookie_jar=aiohttp.DummyCookieJar(), headers=HEADERS,
+                                 timeout=aiohttp.ClientTimeout(total=total_timeout,
+                                                               sock_connect=connect_timeout))
 
 
 class GuardedTransport(httpx.AsyncBaseTransport):

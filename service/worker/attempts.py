@@ -1,12 +1,19 @@
-"""Attempts in flight: one task per claimed delivery sends it and hands its outcome over."""
+"""Attempts in flight: a fixed set of sender tasks sends the claimed deliveries.
+
+Claims wait in the slots (slots.py) until their subscription, owner and the worker have
+room; then they go to a queue that `concurrency` sender tasks take from, so no attempt
+costs a task of its own. One watchdog bounds every attempt by WEBHOOKS_DELIVERY_TIMEOUT:
+it sleeps until the earliest deadline and cancels a sender whose attempt is past it (the
+attempt then counts as timed out), instead of a timer per attempt.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import traceback
 from collections.abc import Callable
-from datetime import UTC, datetime
 
 import aiohttp
 
@@ -21,17 +28,30 @@ from service.worker.slots import Slots
 
 log = logging.getLogger("webhooks.worker")
 
+NO_DEADLINE = float("inf")
+
+
+class Sender:
+    """One sender task and the deadline of the attempt it is making."""
+
+    __slots__ = ("deadline", "expired", "task")
+
+    def __init__(self) -> None:
+        self.deadline = NO_DEADLINE
+        self.expired = False
+        self.task: asyncio.Task[None] | None = None
+
 
 class Attempts:
-    """Runs the attempts of claimed deliveries, each in its own task.
+    """Sends claimed deliveries with a fixed set of sender tasks.
 
     Each outcome goes to the recorder, the metrics and the slots' isolation, and whatever
-    happens the claim's slot is freed and the loop woken.
+    happens the claim's slot is freed, the next waiting claims are sent and the loop woken.
     """
 
     def __init__(self, settings: Settings, session: aiohttp.ClientSession, slots: Slots,
                  recorder: Recorder, *, stats: WorkerStats, metrics: WorkerMetrics,
-                 wake: Callable[[], None]) -> None:
+                 wake: Callable[[], None], stranded: Callable[[], None]) -> None:
         self.settings = settings
         self._session = session
         self._slots = slots
@@ -39,46 +59,116 @@ class Attempts:
         self._stats = stats
         self._metrics = metrics
         self._wake = wake
+        self._stranded = stranded  # a degraded subscription has claims waiting
         self._secrets = SecretCache(SecretBox(settings.encryption_key))
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._queue: asyncio.Queue[Claim] = asyncio.Queue()
+        self._senders: list[Sender] = []
+        self._watchdog: asyncio.Task[None] | None = None
+        self._watching = asyncio.Event()
+        self._closing = False
 
-    def start(self, c: Claim) -> None:
-        """Takes a slot for `c` and starts its attempt."""
-        self._stats.claimed += 1
-        self._slots.take(c, asyncio.get_running_loop().time())
-        task = asyncio.create_task(self._deliver(c))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def start(self, claims: list[Claim]) -> None:
+        """Holds `claims` (in start order) and sends those that may go now."""
+        if not self._senders:
+            self._start_senders()
+        now = asyncio.get_running_loop().time()
+        take = self._slots.take
+        for c in claims:
+            take(c, now)
+        self._stats.claimed += len(claims)
+        self._dispatch(now)
+
+    def _start_senders(self) -> None:
+        for n in range(self._slots.concurrency):
+            sender = Sender()
+            sender.task = asyncio.create_task(self._send_loop(sender),
+                                              name=f"webhooks-sender-{n}")
+            self._senders.append(sender)
+        self._watchdog = asyncio.create_task(self._watch(), name="webhooks-deadlines")
+
+    def _dispatch(self, now: float) -> None:
+        if self._closing:
+            return
+        put = self._queue.put_nowait
+        for c in self._slots.ready(now):
+            put(c)
 
     async def finish(self, grace: float) -> None:
-        """Waits up to `grace` seconds for the attempts in flight; cancels the rest, whose
-        claims stay in the slots for shutdown to give back."""
-        if not self._tasks:
+        """Sends nothing more; waits up to `grace` seconds for the attempts under way, then
+        cancels the rest. Claims not finished stay in the slots for shutdown to give back."""
+        self._closing = True
+        if not self._senders:
             return
-        _, pending = await asyncio.wait(set(self._tasks), timeout=grace)
-        for task in pending:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while loop.time() < deadline and (not self._queue.empty() or any(
+                s.deadline != NO_DEADLINE for s in self._senders)):
+            await asyncio.sleep(0.01)
+        tasks = [s.task for s in self._senders if s.task is not None]
+        if self._watchdog is not None:
+            tasks.append(self._watchdog)
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._senders.clear()
 
-    async def _deliver(self, c: Claim) -> None:
+    async def _send_loop(self, sender: Sender) -> None:
+        get = self._queue.get
+        while True:
+            c = await get()
+            if self._closing:
+                continue  # left in the slots: shutdown gives it back
+            try:
+                await self._deliver(c, sender)
+            except Exception:
+                log.exception("delivery %d: the sender failed; its lease brings it back",
+                              c.id)
+
+    async def _watch(self) -> None:
+        """Cancels the attempts past their deadline; sleeps until the earliest one."""
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            earliest = NO_DEADLINE
+            for sender in self._senders:
+                if sender.deadline <= now:
+                    if not sender.expired and sender.task is not None:
+                        sender.expired = True
+                        sender.task.cancel()
+                elif sender.deadline < earliest:
+                    earliest = sender.deadline
+            if earliest == NO_DEADLINE:
+                self._watching.clear()
+                await self._watching.wait()
+            else:
+                await asyncio.sleep(earliest - now)
+
+    async def _deliver(self, c: Claim, sender: Sender) -> None:
         """Sends one claimed delivery and hands its outcome to the recorder.
 
         An attempt that raises something unexpected is recorded as a failed attempt (status
         0) and retried on the schedule; only shutdown's cancellation leaves the claim in
         flight, for the worker to release.
         """
-        attempted_at = datetime.now(UTC)
-        started = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        attempted_at = time.time()
+        started = loop.time()
+        sender.expired = False
+        sender.deadline = started + self.settings.delivery_timeout
+        if not self._watching.is_set():
+            self._watching.set()
         try:
             try:
-                outcome = await self._attempt(c)
+                outcome = await self._attempt(c, sender)
             except Exception as exc:
                 log.error("delivery %d: the attempt failed unexpectedly; recorded as a "
                           "failed attempt\n%s", c.id, traceback.format_exc(),
                           exc_info=exc, extra={"delivery_id": c.id,
                                                "subscription_id": c.subscription_id})
-                duration_ms = (asyncio.get_running_loop().time() - started) * 1000.0
+                duration_ms = (loop.time() - started) * 1000.0
                 outcome = delivery.crashed(c, self.settings, exc, attempted_at, duration_ms)
+            finally:
+                sender.deadline = NO_DEADLINE
             # Handed over in one step (no await between): the recorder owns it now.
             self._slots.handed_over(c)
             self._recorder.add(outcome)
@@ -89,20 +179,24 @@ class Attempts:
             log.exception("delivery %d crashed; its lease will bring it back", c.id)
         finally:
             self._slots.free(c)
+            self._dispatch(loop.time())
             self._wake()
 
     def _count(self, outcome: Outcome) -> None:
         self._metrics.observe(outcome.outcome, outcome.duration_ms)
-        self._slots.answered(outcome.claim.subscription_id, outcome.status,
-                             outcome.duration_ms, outcome.claim.owner)
+        sid = outcome.claim.subscription_id
+        degraded = sid in self._slots.degraded
+        self._slots.answered(sid, outcome.status, outcome.duration_ms, outcome.claim.owner)
         if outcome.outcome == "succeeded":
             self._stats.succeeded += 1
         elif outcome.outcome == "pending":
             self._stats.retried += 1
         else:
             self._stats.failed += 1
+        if not degraded and sid in self._slots.degraded and sid in self._slots.waiting:
+            self._stranded()
 
-    async def _attempt(self, c: Claim) -> Outcome:
+    async def _attempt(self, c: Claim, sender: Sender) -> Outcome:
         try:
             secret = self._secrets.open(c.secret)
             previous = None if c.previous_secret is None else self._secrets.open(
@@ -110,6 +204,8 @@ class Attempts:
         except SecretsError as exc:
             # Never send unsigned: fail the attempt; a fixed key lets a retry through.
             return delivery.decide(c, self.settings, status=0, retry_after=None,
-                                   attempted_at=datetime.now(UTC), duration_ms=0.0,
+                                   attempted_at=time.time(), duration_ms=0.0,
                                    error=str(exc))
-        return await delivery.send(self._session, c, secret, self.settings, previous)
+        return await delivery.send(self._session, c, secret, self.settings, previous,
+                                   expired=lambda: sender.expired)
+

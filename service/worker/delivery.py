@@ -8,9 +8,9 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import lru_cache
 
 import aiohttp
@@ -52,7 +52,7 @@ def pg_text(value: str | bytes | None, limit: int = BODY_LIMIT) -> str | None:
     return _SURROGATES.sub("\ufffd", text)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Claim:
     """A delivery this worker holds the lease of, with what sending it needs."""
 
@@ -72,7 +72,7 @@ class Claim:
     created_at: datetime | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Outcome:
     """One finished attempt, ready to be recorded."""
 
@@ -80,7 +80,7 @@ class Outcome:
     status: int  # HTTP status, 0 when no response came
     outcome: str  # the delivery's new status: succeeded, failed or pending (retry)
     retry_in: float  # seconds until the retry, when outcome is pending
-    attempted_at: datetime
+    attempted_at: float  # when the attempt started, seconds since the epoch
     duration_ms: float
     error: str | None  # the error, or the start of the response body, for failures
 
@@ -158,34 +158,39 @@ def target_url(target: str, allow_private: bool) -> URL:
 
 
 async def send(session: aiohttp.ClientSession, c: Claim, secret: str, settings: Settings,
-               previous: str | None = None) -> Outcome:
+               previous: str | None = None, *,
+               expired: Callable[[], bool] | None = None) -> Outcome:
     """Makes one POST attempt of the claimed delivery, signed with `secret` (the plain one)
     and, during a rotation's overlap, with `previous` (the plain secret before it) too.
 
-    Returns the attempt's outcome: what the delivery becomes and when it is retried.
+    The attempt is bounded by settings.delivery_timeout: by a timer of its own, or, when
+    `expired` is given, by the caller, who cancels the task at the deadline and answers
+    True to `expired()` then (the worker's senders: one watchdog for all, no timer per
+    attempt). Returns the attempt's outcome: what the delivery becomes and when it is
+    retried.
     """
     body = c.body.encode()
     now = time.time()  # anything raised before the try is a crash: the worker records it
     headers = signed_headers(secret, message_id(c.id), int(now), body, previous)
-    attempted_at = datetime.fromtimestamp(now, UTC)
     started = time.perf_counter()
     status = 0
     error: str | None = None
     retry_after: str | None = None
     try:
         url = target_url(c.target, settings.allow_private_targets)
-        # One bound for the whole attempt: connect, send, answer.
-        async with asyncio.timeout(settings.delivery_timeout):
-            async with session.post(url, data=body, headers=headers,
-                                    allow_redirects=False) as response:
-                status = response.status
-                retry_after = response.headers.get("Retry-After")
-                # Read a little even on success, so the connection can be reused.
-                text = await response.content.read(BODY_LIMIT)
-                if not 200 <= status < 300:
-                    # Raw bytes, as sent: never decompressed (none are asked for, and the
-                    # session does not inflate), made storable by record().
-                    error = text.decode("utf-8", errors="replace")
+        if expired is None:
+            # One bound for the whole attempt: connect, send, answer.
+            async with asyncio.timeout(settings.delivery_timeout):
+                status, retry_after, error = await _post(session, url, body, headers)
+        else:
+            try:
+                status, retry_after, error = await _post(session, url, body, headers)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                # A cancellation that is not (only) the deadline's goes on.
+                if not expired() or task is None or task.uncancel() > 0:
+                    raise
+                raise TimeoutError from None
     except TimeoutError:
         status, error = 0, f"timed out after {settings.delivery_timeout:g}s"
     except TargetRejected as exc:
@@ -196,10 +201,26 @@ async def send(session: aiohttp.ClientSession, c: Claim, secret: str, settings: 
     if error is not None:
         error = redact(error)
     return decide(c, settings, status=status, retry_after=retry_after,
-                  attempted_at=attempted_at, duration_ms=duration_ms, error=error)
+                  attempted_at=now, duration_ms=duration_ms, error=error)
 
 
-def crashed(c: Claim, settings: Settings, exc: BaseException, attempted_at: datetime,
+async def _post(session: aiohttp.ClientSession, url: URL, body: bytes,
+                headers: dict[str, str]) -> tuple[int, str | None, str | None]:
+    """One POST: (status, Retry-After, the start of the body when not 2xx)."""
+    async with session.post(url, data=body, headers=headers,
+                            allow_redirects=False) as response:
+        status = response.status
+        retry_after = response.headers.get("Retry-After")
+        # Read a little even on success, so the connection can be reused.
+        text = await response.content.read(BODY_LIMIT)
+        if 200 <= status < 300:
+            return status, retry_after, None
+        # Raw bytes, as sent: never decompressed (none are asked for, and the session
+        # does not inflate), made storable by record().
+        return status, retry_after, text.decode("utf-8", errors="replace")
+
+
+def crashed(c: Claim, settings: Settings, exc: BaseException, attempted_at: float,
             duration_ms: float = 0.0) -> Outcome:
     """The outcome of an attempt that raised something unexpected: a failed attempt with no
     response (status 0), retried on the schedule like any other failure."""
@@ -209,7 +230,7 @@ def crashed(c: Claim, settings: Settings, exc: BaseException, attempted_at: date
 
 
 def decide(c: Claim, settings: Settings, *, status: int, retry_after: str | None,
-           attempted_at: datetime, duration_ms: float, error: str | None) -> Outcome:
+           attempted_at: float, duration_ms: float, error: str | None) -> Outcome:
     """The outcome of an attempt that got `status` (0: no response), logged."""
     answer = classify(status)
     if answer is Answer.SUCCESS:

@@ -1,7 +1,9 @@
 """The delivery worker: wake on NOTIFY or poll, fan out the outbox, claim and deliver.
 
-One loop per process does the database work (fan-out, claims); each claimed delivery is
-sent by its own task (attempts.py), and a Recorder writes finished attempts in batches.
+One loop per process does the database work (fan-out, claims); claimed deliveries wait in
+the slots until they may be sent, and a fixed set of sender tasks sends them
+(attempts.py), so the next claim is under way while the last one's deliveries are sent. A
+Recorder writes finished attempts in batches.
 Shutdown stops claiming, lets in-flight attempts finish within the grace period and gives
 the rest back. The parts: wakeup.py (when to look at the outbox), pacing.py (when to
 claim, and how much), slots.py (who holds the slots), supervise.py (side tasks that
@@ -80,7 +82,8 @@ class Worker:
         self._stopping = asyncio.Event()
         self._recorder = Recorder(store, on_written=self._recorded)
         self._attempts = Attempts(settings, session, self.slots, self._recorder,
-                                  stats=self.stats, metrics=self.metrics, wake=self._slot_freed)
+                                  stats=self.stats, metrics=self.metrics, wake=self._slot_freed,
+                                  stranded=self._wake.set)
         self.listener = Listener(settings.database_url, self.wake)
         self.wakeup = Wakeup(self.listener, batch_size=settings.batch_size,
                              poll_interval=settings.poll_interval)
@@ -198,6 +201,7 @@ class Worker:
             self.pacing.ask()
         now = loop.time()
         self.slots.mark_slow(now)
+        await self._give_back_stranded()
         until_fanout = max(self.wakeup.until_fanout(now), MIN_WAIT)
         idle = self.pacing.idle(now)
         if idle is not None:
@@ -215,8 +219,7 @@ class Worker:
                      until_fanout: float) -> float:
         """Starts the attempts of a claim that asked for `wanted`; returns how long to wait
         (asking when the next delivery is due when the claim found nothing)."""
-        for c in claims:
-            self._attempts.start(c)
+        self._attempts.start(claims)
         wait = self.pacing.claimed(claims, wanted, now)
         if wait is None:
             self.stats.round_trips += 1
@@ -224,6 +227,14 @@ class Worker:
                                             saturated_owners=self.slots.saturated_owners())
             wait = self.pacing.next_due(due, now)
         return min(wait, until_fanout)
+
+    async def _give_back_stranded(self) -> None:
+        """Gives back the waiting claims of subscriptions that became degraded."""
+        stranded = self.slots.stranded()
+        if stranded:
+            self.stats.round_trips += 1
+            await delivery.release(self.store, stranded)
+            self.pacing.ask()
 
     async def _fan_out_and_claim(self) -> float | None:
         """One fan-out batch and the claim of what is due, in one round trip and one
@@ -319,7 +330,11 @@ async def open_worker(settings: Settings, *, concurrency: int,
         session = make_session(allow_private=settings.allow_private_targets,
                                max_connections=max(concurrency, 1),
                                dns_timeout=settings.dns_timeout,
-                               dns_servers=settings.dns_servers)
+                               dns_servers=settings.dns_servers,
+                               # The senders' watchdog bounds each attempt (attempts.py):
+                               # no timer of aiohttp's per request.
+                               total_timeout=None,
+                               connect_timeout=settings.delivery_timeout)
         try:
             worker = Worker(settings, Store(pool), session, concurrency=concurrency,
                             metrics=metrics)

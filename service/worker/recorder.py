@@ -23,7 +23,7 @@ async def record(store: Store, outcomes: Sequence[Outcome]) -> None:
     """
     batch = json.dumps([
         [o.claim.id, o.claim.attempts, o.claim.subscription_id, o.status, o.outcome,
-         o.retry_in, o.attempted_at.timestamp(), o.duration_ms, pg_text(o.error),
+         o.retry_in, o.attempted_at, o.duration_ms, pg_text(o.error),
          o.claim.created_at.isoformat() if o.claim.created_at else None]
         for o in outcomes])
     gone = sorted({o.claim.subscription_id for o in outcomes

@@ -15,10 +15,17 @@ beyond it up to all but a reserve of a quarter of the slots (its struggling targ
 hold one slot each), which stays free for the next owner that comes, so
 isolation holds while a lone owner is not halved. The claim query skips the saturated
 subscriptions and owners, so one slow target or owner never blocks the queue of the others.
+
+Claims run ahead of the sends: a subscription may hold twice its window in claims (once
+when degraded), an owner twice its cap, the worker twice its slots. The claims beyond
+what may be sent now wait here, in start order per subscription, and go out as the sends
+before them finish, so the senders never wait for a claim's round trip. A subscription
+that becomes degraded gives its waiting claims back (stranded()).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TypeVar
@@ -41,7 +48,7 @@ FORGET_AFTER = 60.0
 CONTENDED_HOLD = 1.0
 
 
-@dataclass
+@dataclass(slots=True)
 class Window:
     """A subscription's adaptive window of deliveries in flight."""
 
@@ -96,10 +103,17 @@ class Slots:
         # some are in flight, wait until a quarter of the slots are free.
         self.claim_min = max(1, min(batch_size, self.concurrency // 4))
         self.slow_after = slow_after
-        # Claimed, outcome not yet handed over: delivery id -> (claim, when it started).
+        # Claimed, outcome not yet handed over: delivery id -> (claim, when it was claimed).
         self.inflight: dict[int, tuple[Claim, float]] = {}
-        self.busy: dict[int, int] = {}  # subscription id -> claims in flight
+        self.busy: dict[int, int] = {}  # subscription id -> claims held (waiting or sent)
         self.busy_owners: dict[str, int] = {}
+        # Claims waiting to be sent, per subscription in start order (insertion order: the
+        # subscriptions' turn when several wait).
+        self.waiting: dict[int, deque[Claim]] = {}
+        self.sending: dict[int, int] = {}  # subscription id -> attempts under way
+        self.sending_owners: dict[str, int] = {}
+        self.sending_total = 0
+        self.started: dict[int, float] = {}  # delivery id -> when its attempt started
         self.degraded: set[int] = set()  # subscriptions held to one attempt in flight
         self.windows: dict[int, Window] = {}
         # The subscriptions whose window is not the initial one: the claim's shifted
@@ -112,19 +126,72 @@ class Slots:
 
     def wanted(self) -> int:
         """How many deliveries to claim now (0: wait for slots to free up)."""
-        free = self.concurrency - len(self.inflight)
+        free = 2 * self.concurrency - len(self.inflight)
         if free <= 0 or (self.inflight and free < self.claim_min):
             return 0
         return min(free, self.batch_size)
 
     def take(self, claim: Claim, now: float) -> None:
-        """`claim` holds a slot from `now`."""
+        """`claim` is held from `now`, waiting to be sent (ready() sends it)."""
         self._now = now
+        sid = claim.subscription_id
         self.inflight[claim.id] = (claim, now)
-        self.busy[claim.subscription_id] = self.busy.get(claim.subscription_id, 0) + 1
+        self.busy[sid] = self.busy.get(sid, 0) + 1
         self.busy_owners[claim.owner] = self.busy_owners.get(claim.owner, 0) + 1
         if len(self.busy_owners) > 1:
             self.contended_at = now
+        queue = self.waiting.get(sid)
+        if queue is None:
+            queue = self.waiting[sid] = deque()
+        queue.append(claim)
+
+    def ready(self, now: float) -> list[Claim]:
+        """The waiting claims that may be sent now, each counted as sending from `now`:
+        every subscription's in start order, within its window, its owner's cap and the
+        worker's slots."""
+        out: list[Claim] = []
+        if self.sending_total >= self.concurrency or not self.waiting:
+            return out
+        emptied: list[int] = []
+        for sid, queue in self.waiting.items():
+            cap = self.cap(sid)
+            sending = self.sending.get(sid, 0)
+            while queue and sending < cap:
+                claim = queue[0]
+                owner = claim.owner
+                owner_sending = self.sending_owners.get(owner, 0)
+                if owner_sending >= self.owner_cap(owner):
+                    break
+                queue.popleft()
+                sending += 1
+                self.sending_owners[owner] = owner_sending + 1
+                self.sending_total += 1
+                self.started[claim.id] = now
+                out.append(claim)
+                if self.sending_total >= self.concurrency:
+                    break
+            if sending:
+                self.sending[sid] = sending
+            if not queue:
+                emptied.append(sid)
+            if self.sending_total >= self.concurrency:
+                break
+        for sid in emptied:
+            del self.waiting[sid]
+        return out
+
+    def stranded(self) -> list[Claim]:
+        """Takes the waiting claims of degraded subscriptions that have an attempt under
+        way: they would wait behind a failing target for longer than their lease. The
+        worker gives them back (due now, their attempt not counted)."""
+        out: list[Claim] = []
+        for sid in [s for s in self.waiting if s in self.degraded and self.sending.get(s)]:
+            for claim in self.waiting.pop(sid):
+                self.inflight.pop(claim.id, None)
+                _decrement(self.busy, sid)
+                _decrement(self.busy_owners, claim.owner)
+                out.append(claim)
+        return out
 
     def handed_over(self, claim: Claim) -> None:
         """The claim's outcome is the recorder's now: shutdown has nothing to give back."""
@@ -132,8 +199,13 @@ class Slots:
 
     def free(self, claim: Claim) -> None:
         """The claim's attempt is over: its subscription and owner hold one slot less."""
-        _decrement(self.busy, claim.subscription_id)
+        sid = claim.subscription_id
+        _decrement(self.busy, sid)
         _decrement(self.busy_owners, claim.owner)
+        if self.started.pop(claim.id, None) is not None:
+            _decrement(self.sending, sid)
+            _decrement(self.sending_owners, claim.owner)
+            self.sending_total -= 1
 
     def answered(self, subscription_id: int, status: int, duration_ms: float | None = None,
                  owner: str | None = None) -> None:
@@ -150,7 +222,7 @@ class Slots:
                 if owner is not None:
                     self.fast_owners[owner] = self._now
                 # Grown only while in use: a window a trickle never fills stays put.
-                if 2 * self.busy.get(subscription_id, 0) >= int(window.size):
+                if 2 * self.sending.get(subscription_id, 0) >= int(window.size):
                     window.grow(self.per_target)
                     self._note_size(subscription_id, window)
         elif answer.struggling:
@@ -178,9 +250,12 @@ class Slots:
         a hanging target is noticed well before its attempts time out. Also forgets the
         windows of subscriptions idle for FORGET_AFTER."""
         self._now = now
-        for claim, started in self.inflight.values():
-            sid = claim.subscription_id
-            if now - started > self.slow_after and sid not in self.degraded:
+        for delivery_id, started in self.started.items():
+            if now - started <= self.slow_after:
+                continue
+            held = self.inflight.get(delivery_id)
+            sid = held[0].subscription_id if held is not None else None
+            if sid is not None and sid not in self.degraded:
                 self.degraded.add(sid)
                 window = self._window(sid)
                 window.shrink()
@@ -210,37 +285,49 @@ class Slots:
             return self.lone_owner
         return self.per_owner
 
+    def claim_cap(self, subscription_id: int) -> int:
+        """How many claims of the subscription may be held: twice its window (the sends
+        under way and as many waiting), one when degraded."""
+        if subscription_id in self.degraded:
+            return 1
+        return 2 * self.cap(subscription_id)
+
+    def claim_owner_cap(self, owner: str) -> int:
+        """How many claims of the owner may be held: twice its cap."""
+        return 2 * self.owner_cap(owner)
+
     def claim_busy(self) -> dict[int, int]:
-        """In-flight counts as the claim query takes them with `per_target=self.initial`:
-        each shifted by how far its window is from the initial one (degraded ones not:
+        """Held claims as the claim query takes them with `per_target=self.initial`: each
+        shifted by how far its claim cap is from the initial window (degraded ones not:
         the query caps those at one)."""
         out: dict[int, int] = {}
         for sid in self.busy.keys() | self.resized:
             n = self.busy.get(sid, 0)
             if sid not in self.degraded:
-                n += self.initial - self.cap(sid)
+                n += self.initial - self.claim_cap(sid)
             if n or sid in self.busy:
                 out[sid] = n
         return out
 
     def claim_busy_owners(self) -> dict[str, int]:
-        """Owners' in-flight counts as the claim query takes them with `per_owner`: each
-        shifted by how far its cap is from `per_owner` (a lone fast owner with nothing in
-        flight too, or its first claim would stop at its share)."""
+        """Owners' held claims as the claim query takes them with `per_owner`: each
+        shifted by how far its claim cap is from `per_owner` (every owner seen lately,
+        or its first claim would stop at its share)."""
         out: dict[str, int] = {}
         for owner in self.busy_owners.keys() | self.fast_owners.keys():
-            n = self.busy_owners.get(owner, 0) + self.per_owner - self.owner_cap(owner)
+            n = (self.busy_owners.get(owner, 0) + self.per_owner
+                 - self.claim_owner_cap(owner))
             if n or owner in self.busy_owners:
                 out[owner] = n
         return out
 
     def saturated(self) -> list[int]:
-        """The subscriptions at their cap."""
-        return [sid for sid, n in self.busy.items() if n >= self.cap(sid)]
+        """The subscriptions holding as many claims as they may."""
+        return [sid for sid, n in self.busy.items() if n >= self.claim_cap(sid)]
 
     def saturated_owners(self) -> list[str]:
-        """The owners at their cap."""
-        return [o for o, n in self.busy_owners.items() if n >= self.owner_cap(o)]
+        """The owners holding as many claims as they may."""
+        return [o for o, n in self.busy_owners.items() if n >= self.claim_owner_cap(o)]
 
     def view(self) -> tuple[dict[int, int], dict[str, int]]:
         """The in-flight counts per subscription and per owner, as a claim sees them."""
@@ -256,11 +343,13 @@ class Slots:
         for c in claims:
             busy[c.subscription_id] = busy.get(c.subscription_id, 0) + 1
             owners[c.owner] = owners.get(c.owner, 0) + 1
-        return (any(busy[c.subscription_id] >= self.cap(c.subscription_id) for c in claims)
-                or any(owners[c.owner] >= self.owner_cap(c.owner) for c in claims))
+        return (any(busy[c.subscription_id] >= self.claim_cap(c.subscription_id)
+                    for c in claims)
+                or any(owners[c.owner] >= self.claim_owner_cap(c.owner) for c in claims))
 
     def leftover(self) -> list[Claim]:
-        """Takes the claims still in flight (shutdown gives them back)."""
+        """Takes the claims still held, waiting or sent (shutdown gives them back)."""
         claims = [claim for claim, _ in self.inflight.values()]
         self.inflight.clear()
+        self.waiting.clear()
         return claims

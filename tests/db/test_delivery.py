@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 
 import psycopg
 import pytest
@@ -92,7 +92,7 @@ async def test_inactive_subscription_deliveries_are_closed(
 
 
 def outcome(c: Claim, status: int, result: str, retry_in: float = 0.0) -> Outcome:
-    return Outcome(c, status, result, retry_in, datetime.now(UTC), 1.5,
+    return Outcome(c, status, result, retry_in, time.time(), 1.5,
                    None if result == "succeeded" else "err")
 
 

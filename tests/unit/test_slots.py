@@ -20,6 +20,12 @@ def claim(subscription_id: int, owner: str = "o") -> Claim:
                  body="{}", due=NOW)
 
 
+def send(s: Slots, c: Claim, now: float) -> None:
+    """Holds `c` and starts what may be sent (`c`, unless its caps hold it back)."""
+    s.take(c, now)
+    s.ready(now)
+
+
 def slots(concurrency: int = 8, per_target: int = 2, per_owner: int | None = None,
           batch_size: int = 100, slow_after: float = 1.0) -> Slots:
     return Slots(concurrency, per_target=per_target, per_owner=per_owner,
@@ -35,11 +41,12 @@ def test_caps_default_to_half_the_slots_per_owner_and_a_quarter_to_claim() -> No
 
 
 def test_wanted_waits_for_a_quarter_of_the_slots() -> None:
-    s = slots(concurrency=8, batch_size=5)
+    s = slots(concurrency=8, batch_size=5, per_owner=8)
     assert s.wanted() == 5  # idle: up to a batch
-    taken = [claim(n) for n in range(7)]
+    taken = [claim(n) for n in range(15)]  # twice the slots may be held: 8 sent, 7 waiting
     for c in taken:
         s.take(c, 0.0)
+    assert len(s.ready(0.0)) == 8 and s.sending_total == 8
     assert s.wanted() == 0  # one free slot, fewer than claim_min (2)
     s.handed_over(taken[0])
     assert s.wanted() == 2
@@ -52,10 +59,21 @@ def test_counts_per_subscription_and_owner_come_and_go() -> None:
     s = slots(per_target=2, per_owner=3)
     a1, a2, b1 = claim(1, "alice"), claim(1, "alice"), claim(2, "alice")
     for c in (a1, a2, b1):
-        s.take(c, 0.0)
+        send(s, c, 0.0)
     assert s.busy == {1: 2, 2: 1} and s.busy_owners == {"alice": 3}
+    assert s.sending == {1: 2, 2: 1} and s.sending_owners == {"alice": 3}
+    # Claims run ahead of sends: twice the window (2 x 2) and twice the owner's cap.
+    assert s.saturated() == [] and s.saturated_owners() == []
+    more = [claim(1, "alice"), claim(1, "alice"), claim(2, "alice")]
+    for c in more:
+        s.take(c, 0.0)
+    assert s.ready(0.0) == []  # alice sends 3 at most: the rest waits
     assert s.saturated() == [1] and s.saturated_owners() == ["alice"]
     s.free(a1)
+    assert s.ready(0.0) == [more[0]]  # the first waiting claim of the first subscription
+    for c in more:
+        s.handed_over(c)
+        s.free(c)
     assert s.busy == {1: 1, 2: 1} and s.saturated() == [] and s.saturated_owners() == []
     s.free(a2)
     s.free(b1)
@@ -65,27 +83,27 @@ def test_counts_per_subscription_and_owner_come_and_go() -> None:
 def test_a_struggling_target_is_degraded_until_it_succeeds() -> None:
     s = slots(per_target=3)
     c = claim(5)
-    s.take(c, 0.0)
+    send(s, c, 0.0)
     for status in (0, 429, 500, 503, 599):
         s.degraded.clear()
         s.answered(5, status)
         assert s.degraded == {5}, status
-        assert s.saturated() == [5]  # one in flight is its cap now
+        assert s.saturated() == [5]  # one in flight is its cap now, and no claim ahead
     for status in (400, 404, 410, 301):
         s.answered(5, status)
         assert s.degraded == {5}, status  # neither struggling nor a success: unchanged
     s.answered(5, 204)
     assert s.degraded == set()
     # Each trouble halved the window: it starts again from one and grows on fast answers.
-    assert s.cap(5) == 1 and s.saturated() == [5]
+    assert s.cap(5) == 1 and s.saturated() == []  # one sent, one may wait
     s.answered(5, 204, duration_ms=1.0)
     assert s.cap(5) == 2 and s.saturated() == []
 
 
 def test_an_attempt_in_flight_too_long_degrades_its_subscription() -> None:
     s = slots(slow_after=1.0)
-    s.take(claim(1), 10.0)
-    s.take(claim(2), 10.5)
+    send(s, claim(1), 10.0)
+    send(s, claim(2), 10.5)
     s.mark_slow(11.2)
     assert s.degraded == {1}
 
@@ -93,8 +111,8 @@ def test_an_attempt_in_flight_too_long_degrades_its_subscription() -> None:
 def test_shutdown_takes_what_is_still_in_flight() -> None:
     s = slots()
     done, left = claim(1), claim(2)
-    s.take(done, 0.0)
-    s.take(left, 0.0)
+    send(s, done, 0.0)
+    send(s, left, 0.0)
     s.handed_over(done)
     assert s.leftover() == [left]
     assert s.inflight == {}
@@ -123,8 +141,8 @@ def test_a_fast_target_grows_its_window_up_to_the_maximum() -> None:
     for _ in range(200):
         c = claim(1)
         for _ in range(s.cap(1)):
-            s.take(claim(1), 0.0)  # the window is in use
-        s.take(c, 0.0)
+            send(s, claim(1), 0.0)  # the window is in use
+        send(s, c, 0.0)
         s.answered(1, 200, duration_ms=2.0)
         for sid_claim, _ in list(s.inflight.values()):
             s.handed_over(sid_claim)
@@ -135,11 +153,11 @@ def test_a_fast_target_grows_its_window_up_to_the_maximum() -> None:
 
 def test_a_window_grows_only_while_in_use_and_answers_stay_fast() -> None:
     s = slots(concurrency=64, per_target=64, slow_after=1.0)
-    s.take(claim(1), 0.0)
+    send(s, claim(1), 0.0)
     s.answered(1, 200, duration_ms=2.0)
     assert s.cap(1) == INITIAL_WINDOW  # one in flight of eight: a trickle, no growth
     for _ in range(INITIAL_WINDOW):
-        s.take(claim(1), 0.0)
+        send(s, claim(1), 0.0)
     s.answered(1, 200, duration_ms=2.0)
     assert s.cap(1) == INITIAL_WINDOW + 1
     s.answered(1, 200, duration_ms=50.0)  # far slower than the target's usual answers
@@ -151,9 +169,10 @@ def test_a_window_grows_only_while_in_use_and_answers_stay_fast() -> None:
 def test_trouble_halves_the_window_then_it_grows_by_about_one_per_window(status: int) -> None:
     s = slots(concurrency=64, per_target=64)
     for _ in range(32):
-        s.take(claim(1), 0.0)
+        send(s, claim(1), 0.0)
     for _ in range(8):
         s.answered(1, 200, duration_ms=2.0)
+        s.ready(0.0)  # the grown window sends more of what waits
     grown = INITIAL_WINDOW + 8  # one per fast answer: slow start
     assert s.cap(1) == grown
     s.answered(1, status, duration_ms=2.0)
@@ -170,20 +189,22 @@ def test_the_claim_takes_windows_as_shifted_counts() -> None:
     s = slots(concurrency=64, per_target=64)
     growing = [claim(1) for _ in range(16)]
     for c in growing:
-        s.take(c, 0.0)
+        send(s, c, 0.0)
     for _ in growing:  # sixteen fast answers while in use: a window of 4 + 16
         s.answered(1, 200, duration_ms=2.0)
+        s.ready(0.0)
     for c in growing:
         s.handed_over(c)
         s.free(c)
     assert s.cap(1) == 20
-    s.take(claim(1), 0.0)
-    s.take(claim(2), 0.0)
-    s.take(claim(3), 0.0)
+    send(s, claim(1), 0.0)
+    send(s, claim(2), 0.0)
+    send(s, claim(3), 0.0)
     s.degraded.add(3)
     busy = s.claim_busy()
-    # per_target=initial in the query: 1 + 4 - 20 lets 19 more in; degraded ones as they are.
-    assert busy == {1: 1 + INITIAL_WINDOW - 20, 2: 1, 3: 1}
+    # per_target=initial in the query: 1 + 4 - 2 x 20 lets 39 more be held (20 sent, as many
+    # waiting); degraded ones as they are (the query holds them to one).
+    assert busy == {1: 1 + INITIAL_WINDOW - 40, 2: 1 + INITIAL_WINDOW - 8, 3: 1}
     assert saturated(busy, s.initial, s.degraded) == s.saturated() == [3]
 
 
@@ -191,16 +212,16 @@ def test_a_lone_fast_owner_borrows_beyond_its_share_but_not_while_another_has_wo
     s = slots(concurrency=8, per_target=8, slow_after=5.0)  # per owner 4; alone all but 2
     assert (s.per_owner, s.lone_owner) == (4, 6)
     first = claim(1, "alice")
-    s.take(first, 10.0)
+    send(s, first, 10.0)
     assert s.owner_cap("alice") == 4  # no fast answer yet
     s.answered(1, 200, duration_ms=2.0, owner="alice")
     assert s.owner_cap("alice") == 6
-    assert s.claim_busy_owners() == {"alice": 1 + 4 - 6}
+    assert s.claim_busy_owners() == {"alice": 1 + 4 - 2 * 6}  # twice the cap held
     s.handed_over(first)
     s.free(first)
-    assert s.claim_busy_owners() == {"alice": 4 - 6}  # nothing in flight: still alone
-    s.take(first, 10.0)
-    s.take(claim(2, "bob"), 10.1)
+    assert s.claim_busy_owners() == {"alice": 4 - 2 * 6}  # nothing in flight: still alone
+    send(s, first, 10.0)
+    send(s, claim(2, "bob"), 10.1)
     assert s.owner_cap("alice") == 4  # someone else has work: back to the share
     for c, _ in list(s.inflight.values()):
         if c.owner == "bob":
@@ -218,7 +239,37 @@ def test_a_lone_fast_owner_borrows_beyond_its_share_but_not_while_another_has_wo
 
 def test_a_hanging_attempt_shrinks_the_window_once() -> None:
     s = slots(concurrency=64, per_target=64, slow_after=1.0)
-    s.take(claim(1), 0.0)
+    send(s, claim(1), 0.0)
     s.mark_slow(2.0)
     s.mark_slow(3.0)
     assert 1 in s.degraded and s.windows[1].size == INITIAL_WINDOW / 2
+
+
+def test_claims_wait_for_room_and_go_out_in_start_order() -> None:
+    s = slots(concurrency=4, per_target=2, per_owner=4)
+    first = [claim(1) for _ in range(4)]
+    other = claim(2)
+    for c in [*first, other]:
+        s.take(c, 0.0)
+    assert s.ready(0.0) == [first[0], first[1], other]  # a window of two, then the next
+    assert s.sending == {1: 2, 2: 1} and s.busy == {1: 4, 2: 1}
+    s.handed_over(first[0])
+    s.free(first[0])
+    assert s.ready(1.0) == [first[2]]
+    assert s.started[first[2].id] == 1.0  # the attempt's start, not the claim's
+    s.handed_over(other)
+    s.free(other)
+    s.mark_slow(1.5)
+    assert s.degraded == {1}  # first[1] started at 0.0: too long
+    assert s.stranded() == [first[3]]  # waiting behind a failing target: given back
+    assert s.busy == {1: 2} and first[3].id not in s.inflight
+    assert s.ready(1.5) == []
+
+
+def test_the_worker_holds_twice_its_slots() -> None:
+    s = slots(concurrency=4, per_target=8, per_owner=4, batch_size=100)
+    for n in range(8):
+        s.take(claim(n), 0.0)
+    assert len(s.ready(0.0)) == 4 and s.wanted() == 0
+    assert len(s.leftover()) == 8  # shutdown gives back the sent and the waiting
+    assert s.inflight == {} and s.waiting == {}
