@@ -78,10 +78,12 @@ async def test_a_steady_load_after_a_backlog_arms_the_worker_again(
             written = [0, 0]
 
             def steady(n: int) -> None:
-                # Commits back to back, never stopping while the test looks.
+                # 250 commits/s each, never stopping while the test looks: a few dozen
+                # statements for every 50 ms check, however fast the machine writes.
                 with psycopg.connect(db_url, autocommit=True) as writer:
                     writer.execute("SET synchronous_commit = off")
-                    while not stop.is_set():
+                    start = time.monotonic()
+                    while not stop.wait(max(0.0, start + written[n] / 250 - time.monotonic())):
                         add_invoice(writer, f"S{n}-{written[n]}")
                         written[n] += 1
 
