@@ -16,8 +16,8 @@ hold one slot each), which stays free for the next owner that comes, so
 isolation holds while a lone owner is not halved. The claim query skips the saturated
 subscriptions and owners, so one slow target or owner never blocks the queue of the others.
 
-Claims run ahead of the sends: a subscription may hold twice its window in claims (once
-when degraded), an owner twice its cap, the worker twice its slots. The claims beyond
+Claims run ahead of the sends: a subscription may hold AHEAD times its window in claims
+(one when degraded), an owner AHEAD times its cap, the worker AHEAD times its slots. The claims beyond
 what may be sent now wait here, in start order per subscription, and go out as the sends
 before them finish, so the senders never wait for a claim's round trip. A subscription
 that becomes degraded gives its waiting claims back (stranded()).
@@ -43,6 +43,11 @@ FAST_FACTOR = 2.0
 FAST_SLACK_MS = 5.0
 # A window (and an owner's record of fast answers) unused this long is forgotten.
 FORGET_AFTER = 60.0
+# How many claims may be held per slot a subscription, an owner or the worker may send
+# with: the sends under way and the claims waiting for them. A claim's round trip takes
+# a few milliseconds, in which a fast target answers a whole window: four windows keep
+# the senders busy until the next claim returns.
+AHEAD = 4
 # Owners may borrow beyond their cap only when no other owner had work in flight for
 # this long.
 CONTENDED_HOLD = 1.0
@@ -126,7 +131,7 @@ class Slots:
 
     def wanted(self) -> int:
         """How many deliveries to claim now (0: wait for slots to free up)."""
-        free = 2 * self.concurrency - len(self.inflight)
+        free = AHEAD * self.concurrency - len(self.inflight)
         if free <= 0 or (self.inflight and free < self.claim_min):
             return 0
         return min(free, self.batch_size)
@@ -286,15 +291,15 @@ class Slots:
         return self.per_owner
 
     def claim_cap(self, subscription_id: int) -> int:
-        """How many claims of the subscription may be held: twice its window (the sends
-        under way and as many waiting), one when degraded."""
+        """How many claims of the subscription may be held: AHEAD times its window (the
+        sends under way and the claims waiting for them), one when degraded."""
         if subscription_id in self.degraded:
             return 1
-        return 2 * self.cap(subscription_id)
+        return AHEAD * self.cap(subscription_id)
 
     def claim_owner_cap(self, owner: str) -> int:
-        """How many claims of the owner may be held: twice its cap."""
-        return 2 * self.owner_cap(owner)
+        """How many claims of the owner may be held: AHEAD times its cap."""
+        return AHEAD * self.owner_cap(owner)
 
     def claim_busy(self) -> dict[int, int]:
         """Held claims as the claim query takes them with `per_target=self.initial`: each

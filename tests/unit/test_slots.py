@@ -8,7 +8,7 @@ import pytest
 
 from service.outcomes import Answer, classify
 from service.worker.delivery import Claim, saturated, saturated_owners
-from service.worker.slots import INITIAL_WINDOW, Slots
+from service.worker.slots import AHEAD, INITIAL_WINDOW, Slots
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 _ids = iter(range(1, 10_000))
@@ -43,7 +43,7 @@ def test_caps_default_to_half_the_slots_per_owner_and_a_quarter_to_claim() -> No
 def test_wanted_waits_for_a_quarter_of_the_slots() -> None:
     s = slots(concurrency=8, batch_size=5, per_owner=8)
     assert s.wanted() == 5  # idle: up to a batch
-    taken = [claim(n) for n in range(15)]  # twice the slots may be held: 8 sent, 7 waiting
+    taken = [claim(n) for n in range(AHEAD * 8 - 1)]  # AHEAD x the slots may be held
     for c in taken:
         s.take(c, 0.0)
     assert len(s.ready(0.0)) == 8 and s.sending_total == 8
@@ -62,13 +62,15 @@ def test_counts_per_subscription_and_owner_come_and_go() -> None:
         send(s, c, 0.0)
     assert s.busy == {1: 2, 2: 1} and s.busy_owners == {"alice": 3}
     assert s.sending == {1: 2, 2: 1} and s.sending_owners == {"alice": 3}
-    # Claims run ahead of sends: twice the window (2 x 2) and twice the owner's cap.
+    # Claims run ahead of sends: AHEAD x the window and AHEAD x the owner's cap.
     assert s.saturated() == [] and s.saturated_owners() == []
-    more = [claim(1, "alice"), claim(1, "alice"), claim(2, "alice")]
+    more = [claim(1, "alice") for _ in range(AHEAD * 2 - 2)] + [claim(2, "alice")]
+    more += [claim(3, "alice") for _ in range(AHEAD * 3 - len(more) - 3)]
     for c in more:
         s.take(c, 0.0)
     assert s.ready(0.0) == []  # alice sends 3 at most: the rest waits
     assert s.saturated() == [1] and s.saturated_owners() == ["alice"]
+    s.handed_over(a1)
     s.free(a1)
     assert s.ready(0.0) == [more[0]]  # the first waiting claim of the first subscription
     for c in more:
@@ -202,9 +204,10 @@ def test_the_claim_takes_windows_as_shifted_counts() -> None:
     send(s, claim(3), 0.0)
     s.degraded.add(3)
     busy = s.claim_busy()
-    # per_target=initial in the query: 1 + 4 - 2 x 20 lets 39 more be held (20 sent, as many
-    # waiting); degraded ones as they are (the query holds them to one).
-    assert busy == {1: 1 + INITIAL_WINDOW - 40, 2: 1 + INITIAL_WINDOW - 8, 3: 1}
+    # per_target=initial in the query: 1 + 4 - AHEAD x 20 lets AHEAD x 20 - 1 more be held
+    # (20 sent, the rest waiting); degraded ones as they are (the query holds them to one).
+    assert busy == {1: 1 + INITIAL_WINDOW - AHEAD * 20, 2: 1 + INITIAL_WINDOW - AHEAD * 4,
+                    3: 1}
     assert saturated(busy, s.initial, s.degraded) == s.saturated() == [3]
 
 
@@ -216,10 +219,10 @@ def test_a_lone_fast_owner_borrows_beyond_its_share_but_not_while_another_has_wo
     assert s.owner_cap("alice") == 4  # no fast answer yet
     s.answered(1, 200, duration_ms=2.0, owner="alice")
     assert s.owner_cap("alice") == 6
-    assert s.claim_busy_owners() == {"alice": 1 + 4 - 2 * 6}  # twice the cap held
+    assert s.claim_busy_owners() == {"alice": 1 + 4 - AHEAD * 6}  # AHEAD x the cap held
     s.handed_over(first)
     s.free(first)
-    assert s.claim_busy_owners() == {"alice": 4 - 2 * 6}  # nothing in flight: still alone
+    assert s.claim_busy_owners() == {"alice": 4 - AHEAD * 6}  # nothing in flight: alone
     send(s, first, 10.0)
     send(s, claim(2, "bob"), 10.1)
     assert s.owner_cap("alice") == 4  # someone else has work: back to the share
@@ -266,10 +269,10 @@ def test_claims_wait_for_room_and_go_out_in_start_order() -> None:
     assert s.ready(1.5) == []
 
 
-def test_the_worker_holds_twice_its_slots() -> None:
+def test_the_worker_holds_ahead_of_its_slots() -> None:
     s = slots(concurrency=4, per_target=8, per_owner=4, batch_size=100)
-    for n in range(8):
+    for n in range(AHEAD * 4):
         s.take(claim(n), 0.0)
     assert len(s.ready(0.0)) == 4 and s.wanted() == 0
-    assert len(s.leftover()) == 8  # shutdown gives back the sent and the waiting
+    assert len(s.leftover()) == AHEAD * 4  # shutdown gives back the sent and the waiting
     assert s.inflight == {} and s.waiting == {}
