@@ -73,10 +73,17 @@ class WorkerMetrics:
                                  "disabled: disabled automatically)", ["event"], registry=r)
         for event in LIFECYCLE_EVENTS:
             self.lifecycle.labels(event)
+        # The counters of each outcome, looked up once: observe() runs per attempt.
+        self._outcomes = {outcome: self.deliveries.labels(label) for outcome, label in
+                          (("succeeded", "succeeded"), ("pending", "retry"),
+                           ("failed", "failed"))}
 
     def observe(self, outcome: str, duration_ms: float) -> None:
         """Counts one finished attempt (`outcome`: succeeded, pending or failed)."""
-        self.deliveries.labels("retry" if outcome == "pending" else outcome).inc()
+        counter = self._outcomes.get(outcome)
+        if counter is None:
+            counter = self.deliveries.labels(outcome)
+        counter.inc()
         self.attempt_seconds.observe(duration_ms / 1000.0)
 
     async def refresh(self, store: Store) -> None:

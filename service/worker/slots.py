@@ -17,9 +17,9 @@ isolation holds while a lone owner is not halved. The claim query skips the satu
 subscriptions and owners, so one slow target or owner never blocks the queue of the others.
 
 Claims run ahead of the sends: a subscription may hold AHEAD times its window in claims
-(one when degraded), an owner AHEAD times its cap, the worker AHEAD times its slots. The claims beyond
-what may be sent now wait here, in start order per subscription, and go out as the sends
-before them finish, so the senders never wait for a claim's round trip. A subscription
+(one when degraded), an owner AHEAD times its cap, the worker AHEAD times its slots. The
+claims beyond what may be sent now wait here, in start order per subscription, and go out
+as the sends before them finish, so the senders never wait for a claim's round trip. A subscription
 that becomes degraded gives its waiting claims back (stranded()).
 """
 
