@@ -6,6 +6,7 @@
 - latency_load: commit-to-receipt p50/p99 at 200 single-row commits/s on a table attached
   with tenant and user columns (a tenant's subscription), on a fresh worker and again
   right after that worker drained a 20,000-event backlog, beside raw POST round trips;
+  then single rows each committed after 0.05 to 10 s of quiet (lone events);
 - workers_two: the throughput burst (8 subscriptions) drained by two worker processes
   against one database versus one, with the machine's core count.
 """
@@ -186,11 +187,50 @@ def latency_load(ctx: Context) -> list[Result]:
             got = ctx.wait_count("lat", backlog, 120)
             drained = time.time() - drain_start
             after, n2, behind2 = paced_latency(ctx, conn, table, seconds)
+            lone = lone_events(ctx, conn, table, QUIET_QUICK if ctx.quick else QUIET)
     return (_latency_rows("at 200/s, tenant table, fresh worker", fresh, n, behind, raw,
                           cpu)
             + _latency_rows("at 200/s right after a backlog", after, n2, behind2, raw,
                             f"{got:,} of {backlog:,} backlog events drained in "
-                            f"{drained:.1f}s first"))
+                            f"{drained:.1f}s first")
+            + [_lone_row(lone, raw)])
+
+
+# Quiet before each lone event, in seconds (each gap twice).
+QUIET = (0.05, 0.5, 2.0, 5.0, 10.0)
+QUIET_QUICK = (0.05, 0.5, 2.0)
+
+
+def lone_events(ctx: Context, conn: psycopg.Connection[Any], table: str,
+                gaps: tuple[float, ...]) -> list[tuple[float, float]]:
+    """One row committed after each quiet gap (nothing else happening): (gap, commit→
+    receipt ms) of each, the common case of a small installation."""
+    query = sql.SQL("INSERT INTO {} (tenant_id, updated_by, a, b) VALUES (%s, 'bench', 0, "
+                    "'x') RETURNING id").format(sql.Identifier(table))
+    out: list[tuple[float, float]] = []
+    for gap in (g for g in gaps for _ in range(2)):
+        ctx.reset_receiver()
+        time.sleep(gap)  # the quiet being measured, not a wait for a result
+        with conn.cursor() as cur:
+            cur.execute(query, (TENANT,))
+            row = cur.fetchone()
+            committed = time.time()
+        if ctx.wait_count("lat", 1, 10) < 1 or row is None:
+            raise RuntimeError(f"a lone event after {gap:g}s of quiet never arrived")
+        got = dict(ctx.times())
+        out.append((gap, (got[row[0]] - committed) * 1000.0))
+    return out
+
+
+def _lone_row(lone: list[tuple[float, float]], raw: dict[str, Any]) -> Result:
+    ms = [m for _, m in lone]
+    p50 = percentile(ms, 50)
+    ratio = p50 / raw["p50"] if raw["p50"] else None
+    each = ", ".join(f"{g:g}s {m:.1f}" for g, m in lone)
+    return Result("latency: one lone event after quiet, p50", p50, raw["p50"], "ms",
+                  "≤ 3x raw p50", None if ratio is None else ratio <= 3.0, ratio,
+                  f"{len(lone)} single-row commits, each after a quiet gap, commit→receipt "
+                  f"ms: {each}; max {max(ms):.1f} ms; limit = raw aiohttp POST p50")
 
 
 @contextmanager
