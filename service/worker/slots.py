@@ -36,7 +36,7 @@ from service.worker.delivery import Claim
 Key = TypeVar("Key", int, str)
 
 # Where a subscription's window starts (and where it returns once forgotten).
-INITIAL_WINDOW = 4
+INITIAL_WINDOW = 2
 # An answer is fast when it takes at most FAST_FACTOR times the fastest the target has
 # recently answered, plus FAST_SLACK_MS, and less than half of the slow mark.
 FAST_FACTOR = 2.0
