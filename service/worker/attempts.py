@@ -193,7 +193,7 @@ class Attempts:
             self._stats.retried += 1
         else:
             self._stats.failed += 1
-        if not degraded and sid in self._slots.degraded and sid in self._slots.waiting:
+        if not degraded and sid in self._slots.degraded and sid in self._slots.waiting_sids:
             self._stranded()
 
     async def _attempt(self, c: Claim, sender: Sender) -> Outcome:

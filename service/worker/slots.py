@@ -112,9 +112,10 @@ class Slots:
         self.inflight: dict[int, tuple[Claim, float]] = {}
         self.busy: dict[int, int] = {}  # subscription id -> claims held (waiting or sent)
         self.busy_owners: dict[str, int] = {}
-        # Claims waiting to be sent, per subscription in start order (insertion order: the
-        # subscriptions' turn when several wait).
-        self.waiting: dict[int, deque[Claim]] = {}
+        # Claims waiting to be sent: per owner, per subscription in start order (insertion
+        # order: the owners' and subscriptions' turn when several wait).
+        self.waiting: dict[str, dict[int, deque[Claim]]] = {}
+        self.waiting_sids: set[int] = set()
         self.sending: dict[int, int] = {}  # subscription id -> attempts under way
         self.sending_owners: dict[str, int] = {}
         self.sending_total = 0
@@ -145,44 +146,59 @@ class Slots:
         self.busy_owners[claim.owner] = self.busy_owners.get(claim.owner, 0) + 1
         if len(self.busy_owners) > 1:
             self.contended_at = now
-        queue = self.waiting.get(sid)
+        subs = self.waiting.get(claim.owner)
+        if subs is None:
+            subs = self.waiting[claim.owner] = {}
+        queue = subs.get(sid)
         if queue is None:
-            queue = self.waiting[sid] = deque()
+            queue = subs[sid] = deque()
+            self.waiting_sids.add(sid)
         queue.append(claim)
 
     def ready(self, now: float) -> list[Claim]:
         """The waiting claims that may be sent now, each counted as sending from `now`:
         every subscription's in start order, within its window, its owner's cap and the
-        worker's slots."""
+        worker's slots. An owner at its cap is passed over whole, so the cost follows the
+        owners and what is sent, not the subscriptions waiting."""
         out: list[Claim] = []
         if self.sending_total >= self.concurrency or not self.waiting:
             return out
-        emptied: list[int] = []
-        for sid, queue in self.waiting.items():
-            cap = self.cap(sid)
-            sending = self.sending.get(sid, 0)
-            while queue and sending < cap:
-                claim = queue[0]
-                owner = claim.owner
-                owner_sending = self.sending_owners.get(owner, 0)
-                if owner_sending >= self.owner_cap(owner):
+        emptied_owners: list[str] = []
+        for owner, subs in self.waiting.items():
+            owner_cap = self.owner_cap(owner)
+            owner_sending = self.sending_owners.get(owner, 0)
+            if owner_sending >= owner_cap:
+                continue
+            emptied: list[int] = []
+            for sid, queue in subs.items():
+                cap = self.cap(sid)
+                sending = self.sending.get(sid, 0)
+                while queue and sending < cap and owner_sending < owner_cap:
+                    claim = queue.popleft()
+                    sending += 1
+                    owner_sending += 1
+                    self.sending_total += 1
+                    self.started[claim.id] = now
+                    out.append(claim)
+                    if self.sending_total >= self.concurrency:
+                        break
+                if sending:
+                    self.sending[sid] = sending
+                if not queue:
+                    emptied.append(sid)
+                if owner_sending >= owner_cap or self.sending_total >= self.concurrency:
                     break
-                queue.popleft()
-                sending += 1
-                self.sending_owners[owner] = owner_sending + 1
-                self.sending_total += 1
-                self.started[claim.id] = now
-                out.append(claim)
-                if self.sending_total >= self.concurrency:
-                    break
-            if sending:
-                self.sending[sid] = sending
-            if not queue:
-                emptied.append(sid)
+            if owner_sending:
+                self.sending_owners[owner] = owner_sending
+            for sid in emptied:
+                del subs[sid]
+                self.waiting_sids.discard(sid)
+            if not subs:
+                emptied_owners.append(owner)
             if self.sending_total >= self.concurrency:
                 break
-        for sid in emptied:
-            del self.waiting[sid]
+        for owner in emptied_owners:
+            del self.waiting[owner]
         return out
 
     def stranded(self) -> list[Claim]:
@@ -190,12 +206,16 @@ class Slots:
         way: they would wait behind a failing target for longer than their lease. The
         worker gives them back (due now, their attempt not counted)."""
         out: list[Claim] = []
-        for sid in [s for s in self.waiting if s in self.degraded and self.sending.get(s)]:
-            for claim in self.waiting.pop(sid):
-                self.inflight.pop(claim.id, None)
-                _decrement(self.busy, sid)
-                _decrement(self.busy_owners, claim.owner)
-                out.append(claim)
+        for sid in [s for s in self.waiting_sids if s in self.degraded and self.sending.get(s)]:
+            self.waiting_sids.discard(sid)
+            for owner in [o for o, subs in self.waiting.items() if sid in subs]:
+                for claim in self.waiting[owner].pop(sid):
+                    self.inflight.pop(claim.id, None)
+                    _decrement(self.busy, sid)
+                    _decrement(self.busy_owners, claim.owner)
+                    out.append(claim)
+                if not self.waiting[owner]:
+                    del self.waiting[owner]
         return out
 
     def handed_over(self, claim: Claim) -> None:
@@ -226,8 +246,9 @@ class Slots:
             if window.fast(duration_ms, self.slow_after * 1000.0):
                 if owner is not None:
                     self.fast_owners[owner] = self._now
-                # Grown only while in use: a window a trickle never fills stays put.
-                if 2 * self.sending.get(subscription_id, 0) >= int(window.size):
+                # Grown only while more than half of it is in use: a window a trickle
+                # never fills stays put.
+                if 2 * self.sending.get(subscription_id, 0) > int(window.size):
                     window.grow(self.per_target)
                     self._note_size(subscription_id, window)
         elif answer.struggling:
@@ -285,7 +306,8 @@ class Slots:
         """How many deliveries of the owner may be in flight now: its share, or, alone and
         answered fast lately, all but the reserve kept for the next owner. An owner whose
         targets never answer never borrows."""
-        if (owner in self.fast_owners and len(self.busy_owners.keys() - {owner}) == 0
+        busy = self.busy_owners
+        if (owner in self.fast_owners and (not busy or (len(busy) == 1 and owner in busy))
                 and self._now - self.contended_at > CONTENDED_HOLD):
             return self.lone_owner
         return self.per_owner
@@ -357,4 +379,5 @@ class Slots:
         claims = [claim for claim, _ in self.inflight.values()]
         self.inflight.clear()
         self.waiting.clear()
+        self.waiting_sids.clear()
         return claims

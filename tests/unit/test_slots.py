@@ -156,16 +156,16 @@ def test_a_fast_target_grows_its_window_up_to_the_maximum() -> None:
 def test_a_window_grows_only_while_in_use_and_answers_stay_fast() -> None:
     s = slots(concurrency=64, per_target=64, slow_after=1.0)
     send(s, claim(1), 0.0)
-    for _ in range(5):  # one at a time: a trickle fills less than half a window of 3
+    for _ in range(5):  # one at a time: a trickle never fills more than half the window
         s.answered(1, 200, duration_ms=2.0)
-    assert s.cap(1) == 3
-    for _ in range(3):
+    assert s.cap(1) == INITIAL_WINDOW
+    for _ in range(INITIAL_WINDOW):
         send(s, claim(1), 0.0)
     s.answered(1, 200, duration_ms=2.0)
-    assert s.cap(1) == 4
+    assert s.cap(1) == INITIAL_WINDOW + 1
     s.answered(1, 200, duration_ms=50.0)  # far slower than the target's usual answers
     s.answered(1, 200, duration_ms=600.0)  # over half the slow mark
-    assert s.cap(1) == 4
+    assert s.cap(1) == INITIAL_WINDOW + 1
 
 
 @pytest.mark.parametrize("status", [0, 429, 503, 500])
