@@ -60,6 +60,17 @@ def ratio_result(name: str, service: float | None, limit: float | None, unit: st
                   None if ratio is None else ratio >= minimum, ratio, notes)
 
 
+def cpu_result(name: str, worker_us: float, raw_us: float | None, notes: str = ""
+               ) -> Result:
+    """The worker's CPU per delivery against the raw client's per POST: at most twice."""
+    ratio = worker_us / raw_us if raw_us else None
+    return Result(name, worker_us, raw_us, "us", "ratio ≤ 2",
+                  None if ratio is None else ratio <= 2.0, ratio,
+                  notes + "user+system CPU of the worker process from the first commit to "
+                  "the last receipt, per delivery; limit = the raw aiohttp client's CPU per "
+                  "POST at its best rate, same receiver, same run")
+
+
 def floor_result(name: str, service: float | None, limit: float | None, unit: str,
                  minimum: float, notes: str = "") -> Result:
     """A result whose target is `service >= minimum` (in `unit`); ratio is service / limit."""

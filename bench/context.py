@@ -166,6 +166,16 @@ class Context:
             note += f", Postgres backends {backends:.0%}"
         return note
 
+    def cpu_us(self, proc: Proc, before: tuple[float, float, dict[int, float], float],
+               requests: int) -> float:
+        """Microseconds of `proc`'s CPU per request since `before` (a cpu_mark())."""
+        return 1e6 * (self.cpu(proc) - before[0]) / max(requests, 1)
+
+    def raw_cpu_us(self) -> float | None:
+        """CPU per request of the raw client at its best rate (raw_rate() measures it)."""
+        value = self.cache.get("raw_cpu_us")
+        return None if value is None else float(value)
+
     def cpu_mark(self, proc: Proc) -> tuple[float, float, dict[int, float], float]:
         """The start of a window cpu_note() measures."""
         receiver = self.cpu(self.receiver) if self.receiver is not None else 0.0
@@ -210,6 +220,7 @@ class Context:
                     rates[f"{loop}/c{c}"] = r
                     if r > best[0]:
                         best = (r, f"aiohttp {loop} c={c}, {got['cpu_us']:.0f} us CPU/request")
+                        self.cache["raw_cpu_us"] = float(got["cpu_us"])
             self.cache["raw_rate"] = best
             self.cache["raw_rates"] = rates
         rate, desc = self.cache["raw_rate"]

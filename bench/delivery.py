@@ -14,6 +14,7 @@ from bench.common import (
     Result,
     ceiling_result,
     connect,
+    cpu_result,
     create_table,
     info_result,
     insert_rows,
@@ -70,6 +71,7 @@ def throughput(ctx: Context) -> list[Result]:
                                         60 if ctx.quick else 180)
             count, _, first, last = receipt_rate(ctx, "thr")
             cpu = ctx.cpu_note(worker, mark, count)
+            cpu_us = ctx.cpu_us(worker, mark, count)
     end_to_end = count / (last - committed) if last > committed else 0.0
     raw_all = ", ".join(f"{k} {v:,.0f}" for k, v in ctx.cache.get("raw_rates", {}).items())
     results = [
@@ -79,6 +81,8 @@ def throughput(ctx: Context) -> list[Result]:
                      f"commit→last {end_to_end:,.0f}/s; {cpu}; "
                      f"limit = {how}; raw aiohttp: "
                      f"{raw_all}"),
+        cpu_result("throughput: worker CPU per delivery", cpu_us, ctx.raw_cpu_us(),
+                   f"{count:,} deliveries to {SUBSCRIPTIONS} subscriptions; "),
         info_result("throughput: raw httpx.AsyncClient (reference)", max(httpx_rates.values()),
                     limit, "req/s", "httpx's own transport: "
                     + ", ".join(f"c={c} {r:,.0f}" for c, r in httpx_rates.items())),

@@ -26,6 +26,7 @@ from bench.common import (
     Proc,
     Result,
     connect,
+    cpu_result,
     create_table,
     info_result,
     insert_rows,
@@ -88,6 +89,7 @@ def burst_one(ctx: Context) -> list[Result]:
             rate, notes = measure_drain(ctx, "one", total, 60 if ctx.quick else 180)
             count, _, _, last = receipt_rate(ctx, "one")
             cpu = ctx.cpu_note(worker, mark, count)
+            cpu_us = ctx.cpu_us(worker, mark, count)
             wait_until(lambda: recorded(conn, sid) >= count, 30)
         attempts, out_of_order = start_order(conn, sid)
     result = ratio_result(
@@ -100,7 +102,8 @@ def burst_one(ctx: Context) -> list[Result]:
     result.target += ", start order kept"
     if out_of_order and result.met:
         result.met = False
-    return [result]
+    return [result, cpu_result("burst: worker CPU per delivery", cpu_us, ctx.raw_cpu_us(),
+                               f"{count:,} deliveries to one subscription; ")]
 
 
 def create_tenant_table(conn: psycopg.Connection[Any], table: str) -> None:

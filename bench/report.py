@@ -20,6 +20,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results.json"
 README = HERE / "README.md"
 HEADERS = ("scenario", "service", "limit", "ratio", "unit", "target", "result")
+PREVIOUS = ("previous", "previous ratio")
 
 
 def _num(value: float | None, unit: str) -> str:
@@ -68,15 +69,33 @@ def text_table(results: Sequence[Result]) -> str:
     return "\n".join(x.rstrip() for x in [line(HEADERS), sep, *(line(r) for r in body)])
 
 
-def markdown_table(results: Sequence[Result]) -> str:
-    """The table as GitHub markdown, with the notes as a last column."""
-    lines = ["| " + " | ".join((*HEADERS, "notes")) + " |",
-             "|" + "---|" * (len(HEADERS) + 1)]
-    for r, cells in zip(results, rows(results), strict=True):
+def previous_cells(previous: dict[str, Any] | None, unit: str) -> tuple[str, str]:
+    """The previous run's (service, ratio) cells of a row: "-" when there was none."""
+    if not previous:
+        return "-", "-"
+    if previous.get("error"):
+        return "error", "-"
+    return _num(previous.get("service"), unit), _ratio(previous.get("ratio"))
+
+
+def markdown_table(results: Sequence[Result],
+                   previous: Sequence[dict[str, Any] | None] | None = None) -> str:
+    """The table as GitHub markdown: each row's figures, the previous run's service figure
+    and ratio beside them, and the notes as a last column."""
+    before = list(previous) if previous is not None else [None] * len(results)
+    lines = ["| " + " | ".join((*HEADERS, *PREVIOUS, "notes")) + " |",
+             "|" + "---|" * (len(HEADERS) + len(PREVIOUS) + 1)]
+    for r, cells, old in zip(results, rows(results), before, strict=True):
         notes = (r.notes or "").replace("|", "\\|")
-        lines.append("| " + " | ".join((*(c.replace("|", "\\|") for c in cells), notes))
-                     + " |")
+        lines.append("| " + " | ".join((*(c.replace("|", "\\|") for c in cells),
+                                        *previous_cells(old, r.unit), notes)) + " |")
     return "\n".join(lines)
+
+
+def previous_runs(previous: Sequence[dict[str, Any] | None]) -> list[str]:
+    """The runs the previous figures come from, oldest first, each once."""
+    runs = {str(p.get("run")): None for p in previous if p and p.get("run")}
+    return sorted(runs)
 
 
 def machine(url: str) -> dict[str, str]:
@@ -128,18 +147,26 @@ def write_results(entries: list[dict[str, Any]]) -> None:
 
 
 def write_readme(results: Sequence[Result], info: dict[str, str], command: str,
-                 when: str, quick: bool) -> None:
-    """Writes bench/README.md: what is measured, the table, the machine, how to reproduce."""
+                 when: str, quick: bool,
+                 previous: Sequence[dict[str, Any] | None] | None = None) -> None:
+    """Writes bench/README.md: what is measured, the table (with the previous run's
+    figures beside the new), the machine, how to reproduce."""
     intro = (HERE / "README.intro.md").read_text().strip()
     kind = "quick run (`--quick`: shorter runs, smaller counts)" if quick else "full run"
     machine_lines = "\n".join(f"- {k}: {v}" for k, v in info.items())
+    runs = previous_runs(previous or [])
+    before = ("The previous figures (columns previous and previous ratio) come from: "
+              + "; ".join(f"`{r}`" for r in runs) + "." if runs else
+              "No previous figures: this is the first run recorded here.")
     README.write_text(f"""{intro}
 
 ## Latest results
 
 {kind}, {when}, command: `{command}`
 
-{markdown_table(results)}
+{before}
+
+{markdown_table(results, previous)}
 
 ## Machine
 

@@ -103,15 +103,29 @@ def run_scenarios(ctx: Context, names: Sequence[str]) -> list[tuple[str, Result]
 
 
 def merge(previous: list[dict[str, Any]], ran: Sequence[str],
-          new: Sequence[tuple[str, Result]]) -> list[dict[str, Any]]:
-    """results.json after an --only run: earlier entries of the scenarios not run stay."""
-    fresh = [{"scenario": s, **r.as_json()} for s, r in new]
-    kept = [e for e in previous if e.get("scenario") not in ran]
+          new: Sequence[tuple[str, Result]], run: str = "") -> list[dict[str, Any]]:
+    """results.json after a run: the rows of the scenarios run are new, each with `run`
+    (when and how) and `previous` (its figures in the results it replaces, or None); the
+    rows of the scenarios not run (an --only run) stay as they were, previous included."""
+    before = {e.get("name"): e for e in previous if isinstance(e, dict)}
+    fresh = [{"scenario": s, **r.as_json(), "run": run,
+              "previous": _summary(before.get(r.name))} for s, r in new]
+    kept = [e for e in previous if isinstance(e, dict) and e.get("scenario") not in ran]
     order = list(SCENARIOS)
     merged = kept + fresh
     merged.sort(key=lambda e: order.index(e["scenario"]) if e.get("scenario") in order
                 else len(order))
     return merged
+
+
+def _summary(entry: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What a row keeps of the one it replaces: its figures and its run."""
+    if entry is None:
+        return None
+    if entry.get("error"):
+        return {"error": entry["error"], "run": entry.get("run", "")}
+    return {k: entry.get(k) for k in ("service", "limit", "ratio", "met")} | {
+        "run": entry.get("run", "")}
 
 
 def from_json(entry: dict[str, Any]) -> Result:
@@ -159,14 +173,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     table = report.text_table([r for _, r in results])
     print(table)
-    entries = merge(report.load_previous(), args.names, results)
-    report.write_results(entries)
     command = "make bench-quick" if args.quick else "make bench"
     if len(args.names) < len(SCENARIOS):
         command = "python -m bench.run " + shlex.join(
             (["--quick"] if args.quick else []) + ["--only", ",".join(args.names)])
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    report.write_readme([from_json(e) for e in entries], info, command, when, args.quick)
+    entries = merge(report.load_previous(), args.names, results, run=f"{when}, {command}")
+    report.write_results(entries)
+    report.write_readme([from_json(e) for e in entries], info, command, when, args.quick,
+                        previous=[e.get("previous") for e in entries])
     print(f"\nbench: {len(results)} rows in {time.monotonic() - started:.0f}s; wrote "
           f"bench/results.json and bench/README.md", file=sys.stderr)
     return 0

@@ -2,7 +2,7 @@
 
 - fanout_scale: one change fans out to 10,000 active subscriptions (2,000 with --quick),
   all on the bench receiver; seconds from the commit to the last receipt, against the raw
-  client posting as many requests (target ≤ 2 s);
+  client posting as many requests (target: at most 1.5 times the raw client's time);
 - api_scale: the list of one owner's subscriptions (a page of 100) while
   webhooks.subscriptions holds 100,000 rows of many owners, against the same list with
   only that owner's rows in the table;
@@ -24,7 +24,6 @@ from bench import api
 from bench.common import (
     PYTHON,
     Result,
-    ceiling_result,
     connect,
     create_table,
     info_result,
@@ -84,8 +83,10 @@ def fanout_scale(ctx: Context) -> list[Result]:
                      "webhooks.events")
         conn.execute("DELETE FROM webhooks.subscriptions WHERE resource = %s", (FAN_TABLE,))
         conn.execute(f"DROP TABLE {FAN_TABLE}")
-    return [ceiling_result(
-        f"fan-out: 1 row → {n:,} subscriptions", seconds[1], raw["seconds"], "s", 2.0,
+    ratio = seconds[1] / raw["seconds"] if raw["seconds"] else None
+    return [Result(
+        f"fan-out: 1 row → {n:,} subscriptions", seconds[1], raw["seconds"], "s",
+        "≤ 1.5x raw", None if ratio is None else ratio <= 1.5, ratio,
         f"commit→last receipt, warm worker ({n / seconds[1]:,.0f} deliveries/s; commit→first "
         f"{first[1]:.2f}s); cold (first event after start) {seconds[0]:.2f}s; "
         f"{FAN_OWNERS} owners of {n // FAN_OWNERS} subscriptions each; {cpu}; "
