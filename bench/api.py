@@ -8,6 +8,7 @@ Without wrk the aiohttp load generator of bench.rawclient stands in (and says so
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import socket
@@ -123,8 +124,12 @@ def scenario(ctx: Context) -> list[Result]:
     if not ctx.quick:
         cases.append(("GET /webhooks/?limit=1000", f"{base}?limit=1000"))
     results: list[Result] = []
+    # BENCH_API_PROCESSES=N measures `webhooks api --processes N` (its CPU figures are
+    # then the parent's alone, which does no serving).
+    processes = os.environ.get("BENCH_API_PROCESSES", "1")
     with ctx.procs.running_proc("api", [PYTHON, "-m", "service", "api", "--host",
-                                        "127.0.0.1", "--port", str(port)],
+                                        "127.0.0.1", "--port", str(port),
+                                        "--processes", processes],
                                 # The per-token rate limit (100/s by default) would measure
                                 # itself: the bench measures the API's capacity.
                                 env={"DATABASE_URL": ctx.url, "WEBHOOKS_RATE_LIMIT": "0"},

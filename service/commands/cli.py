@@ -43,7 +43,15 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_api(args: argparse.Namespace) -> int:
     from service.commands.runner import run_api
 
-    run_loop(run_api(_settings(), host=args.host, port=args.port))
+    settings = _settings()
+    if args.processes < 1:
+        raise SystemExit("webhooks api: --processes must be at least 1")
+    if args.processes > 1:
+        from service.commands.processes import api_child_argv, run_processes
+
+        return run_processes([api_child_argv(args.host, args.port)
+                              for _ in range(args.processes)])
+    run_loop(run_api(settings, host=args.host, port=args.port, reuse_port=args.reuse_port))
     return 0
 
 
@@ -145,6 +153,13 @@ def _add_process_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     p = sub.add_parser("api", help="serve the REST API",
                        description="Serve the REST API (/api/v1/...) until SIGTERM or Ctrl-C.")
     _serve_options(p)
+    p.add_argument("--processes", type=int, default=1,
+                   help="API processes sharing the port (SO_REUSEPORT: the kernel spreads "
+                        "the connections), each with its own pool and rate limits "
+                        "(default 1; see docs/operations.md)")
+    p.add_argument("--reuse-port", action="store_true",
+                   help="bind with SO_REUSEPORT, so that several `webhooks api` commands "
+                        "can serve one port")
     p.set_defaults(func=cmd_api)
 
     p = sub.add_parser("worker", help="deliver webhooks",

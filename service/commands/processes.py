@@ -1,11 +1,13 @@
-"""`webhooks worker --processes N`: N delivery processes on one host, kept running.
+"""`webhooks worker --processes N` and `webhooks api --processes N`: N processes on one
+host, kept running.
 
-One Python process delivers with one core at most (its event loop, the JSON and signing
-work); N worker processes share the database like workers on N hosts (SKIP LOCKED claims,
-one fan-out at a time), so this is the same as starting N `webhooks worker` commands, with
-one command to stop them. The parent starts the children, restarts one that exits on its
-own (with a backoff), and on SIGTERM or SIGINT sends them SIGTERM and waits for each to
-finish its in-flight deliveries. A child also gets SIGTERM if the parent dies.
+One Python process uses one core at most (its event loop, the JSON and signing work). N
+worker processes share the database like workers on N hosts (SKIP LOCKED claims, one
+fan-out at a time), so this is the same as starting N `webhooks worker` commands, with one
+command to stop them; N API processes bind one port with SO_REUSEPORT and the kernel
+spreads the connections between them. The parent starts the children, restarts one that
+exits on its own (with a backoff), and on SIGTERM or SIGINT sends them SIGTERM and waits
+for each to finish its in-flight work. A child also gets SIGTERM if the parent dies.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def _die_with_parent() -> None:
 
 @dataclass
 class Child:
-    """One worker process and its restart state."""
+    """One child process and its restart state."""
 
     number: int
     argv: list[str]
@@ -53,7 +55,7 @@ class Child:
                                       start_new_session=True)
         self.started = time.monotonic()
         self.restart_at = None
-        log.info("worker process %d started (pid %d)", self.number, self.popen.pid)
+        log.info("process %d started (pid %d)", self.number, self.popen.pid)
 
 
 def child_argv(number: int, concurrency: int | None, metrics_port: int | None,
@@ -68,6 +70,13 @@ def child_argv(number: int, concurrency: int | None, metrics_port: int | None,
     return argv
 
 
+def api_child_argv(host: str, port: int) -> list[str]:
+    """The command line of one API process of `webhooks api --processes N`: all bind
+    host:port with SO_REUSEPORT."""
+    return [sys.executable, "-m", "service", "api", "--processes", "1", "--reuse-port",
+            "--host", host, "--port", str(port)]
+
+
 def run_processes(argvs: Sequence[list[str]], *, poll: float = 0.2) -> int:
     """Runs one child per command line until SIGTERM/SIGINT; returns the exit status (0
     when every child stopped cleanly)."""
@@ -76,7 +85,7 @@ def run_processes(argvs: Sequence[list[str]], *, poll: float = 0.2) -> int:
     def stop(signum: int, frame: FrameType | None) -> None:
         nonlocal stopping
         if not stopping:
-            log.info("received %s, stopping %d worker processes", signal.Signals(signum).name,
+            log.info("received %s, stopping %d processes", signal.Signals(signum).name,
                      len(children))
         stopping = True
 
@@ -96,7 +105,7 @@ def run_processes(argvs: Sequence[list[str]], *, poll: float = 0.2) -> int:
             if child.popen is not None:
                 code = child.popen.wait()
                 if code not in (0, -signal.SIGTERM):
-                    log.error("worker process %d exited with status %s", child.number, code)
+                    log.error("process %d exited with status %s", child.number, code)
                     status = 1
         return status
     finally:
@@ -119,7 +128,7 @@ def _supervise(children: Sequence[Child]) -> None:
             continue
         if now - child.started > HEALTHY_AFTER:
             child.backoff = RESTART_MIN
-        log.error("worker process %d exited with status %s; restarting in %.0fs",
+        log.error("process %d exited with status %s; restarting in %.0fs",
                   child.number, code, child.backoff)
         child.restart_at = now + child.backoff
         child.backoff = min(child.backoff * 2, RESTART_MAX)

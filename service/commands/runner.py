@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 from collections.abc import Coroutine, Generator, Sequence
 from typing import Any, TypeVar
 
@@ -50,16 +51,35 @@ def stop_on_signals(stop: asyncio.Event) -> None:
         loop.add_signal_handler(sig, handle, sig)
 
 
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A listening-ready socket on host:port with SO_REUSEPORT: processes that each bind
+    one share the port, the kernel spreading new connections between them."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise SystemExit(f"webhooks: the API could not bind {host}:{port}: {exc}") from None
+    return sock
+
+
 async def serve_api(settings: Settings, host: str, port: int, stop: asyncio.Event,
-                    other_metrics: Sequence[CollectorRegistry] = ()) -> None:
-    """Serves the REST API until `stop` is set, then finishes open requests and returns."""
+                    other_metrics: Sequence[CollectorRegistry] = (),
+                    reuse_port: bool = False) -> None:
+    """Serves the REST API until `stop` is set, then finishes open requests and returns.
+    With `reuse_port` it binds with SO_REUSEPORT (webhooks api --processes)."""
     from service.api.app import create_app
 
     config = uvicorn.Config(create_app(settings, other_metrics=other_metrics), host=host,
                             port=port, log_config=None,
                             access_log=False, lifespan="on", timeout_graceful_shutdown=10)
     server = _Server(config)
-    task = asyncio.create_task(server.serve())
+    sockets = [reuse_port_socket(host, port)] if reuse_port else None
+    task = asyncio.create_task(server.serve(sockets=sockets))
     stopper = asyncio.create_task(stop.wait())
     await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
     server.should_exit = True
@@ -69,11 +89,12 @@ async def serve_api(settings: Settings, host: str, port: int, stop: asyncio.Even
         raise SystemExit(f"webhooks: the API could not start on {host}:{port}")
 
 
-async def run_api(settings: Settings, host: str, port: int) -> None:
+async def run_api(settings: Settings, host: str, port: int, reuse_port: bool = False
+                  ) -> None:
     """`webhooks api`: the API alone."""
     stop = asyncio.Event()
     stop_on_signals(stop)
-    await serve_api(settings, host, port, stop)
+    await serve_api(settings, host, port, stop, reuse_port=reuse_port)
 
 
 async def run_all(settings: Settings, host: str, port: int, concurrency: int,

@@ -1,17 +1,20 @@
-"""`webhooks worker --processes N`: N delivery processes on one host, one command to stop
-them, and a child that dies is started again."""
+"""`webhooks worker --processes N` and `webhooks api --processes N`: N processes on one
+host, one command to stop them, and a child that dies is started again."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import socket
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import psycopg
 
-from service.commands.processes import child_argv
+from service.commands.processes import api_child_argv, child_argv
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe
 from tests.support.worker import poll, worker_env
@@ -76,3 +79,49 @@ async def test_processes_deliver_together_restart_a_dead_child_and_stop_cleanly(
         await poll(lambda: listener_count(conn) == 0, timeout=10, what="children gone")
     ids = [r.headers["webhook-id"] for r in receiver.deliveries()]
     assert len(set(ids)) == 400
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def healthz(port: int) -> int:
+    """The status of GET /healthz on a new connection (0: no answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
+            return int(resp.status)
+    except (OSError, urllib.error.URLError):
+        return 0
+
+
+async def test_api_processes_share_one_port_and_one_that_dies_is_replaced(
+        db_url: str, tmp_path: Path) -> None:
+    port = free_port()
+    assert api_child_argv("127.0.0.1", port)[1:] == [
+        "-m", "service", "api", "--processes", "1", "--reuse-port", "--host", "127.0.0.1",
+        "--port", str(port)]
+    log = tmp_path / "api.log"
+    with log.open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            WEBHOOKS, "api", "--processes", "2", "--port", str(port),
+            env=worker_env(db_url), stdout=out, stderr=out)
+    try:
+        await poll(lambda: len(children(proc.pid)) == 2 and healthz(port) == 200,
+                   timeout=30, what="two API processes serving")
+        victim = children(proc.pid)[0]
+        os.kill(victim, signal.SIGKILL)
+        await poll(lambda: victim not in children(proc.pid), timeout=20,
+                   what="the dead child reaped")
+        # The other process holds the port meanwhile: every request is answered.
+        assert all(healthz(port) == 200 for _ in range(20))
+        await poll(lambda: len(children(proc.pid)) == 2, timeout=20,
+                   what="the dead child replaced")
+        assert healthz(port) == 200
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(proc.wait(), 30)
+    assert code == 0, log.read_text()
+    assert healthz(port) == 0
