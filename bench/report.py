@@ -155,9 +155,14 @@ def write_readme(results: Sequence[Result], info: dict[str, str], command: str,
     kind = "quick run (`--quick`: shorter runs, smaller counts)" if quick else "full run"
     machine_lines = "\n".join(f"- {k}: {v}" for k, v in info.items())
     runs = previous_runs(previous or [])
-    before = ("The previous figures (columns previous and previous ratio) come from: "
-              + "; ".join(f"`{r}`" for r in runs) + "." if runs else
-              "No previous figures: this is the first run recorded here.")
+    if runs:
+        before = ("The previous figures (columns previous and previous ratio) come from: "
+                  + "; ".join(f"`{r}`" for r in runs) + ".")
+    elif any(previous or []):
+        before = ("The previous figures (columns previous and previous ratio) come from the "
+                  "run recorded before this one.")
+    else:
+        before = "No previous figures: this is the first run recorded here."
     README.write_text(f"""{intro}
 
 ## Latest results
