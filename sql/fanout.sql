@@ -21,9 +21,11 @@ $$;
 -- A JSON object as text with its members in their own order (json keeps it; jsonb sorts
 -- them by length, then name) and each value written as jsonb writes it: a captured row
 -- goes out with its columns in table order. Anything but an object is written as jsonb.
--- Every name is qualified and nothing is SET, so callers' statements inline it.
-CREATE OR REPLACE FUNCTION webhooks.ordered_json(value json) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
+-- A set-returning function of one row, so that a statement calling it in FROM (fan-out's)
+-- inlines it into its own plan: every name is qualified and nothing is SET. A scalar SQL
+-- function holding a subquery is never inlined, and is planned again at each statement.
+CREATE OR REPLACE FUNCTION webhooks.json_in_order(value json) RETURNS TABLE (json_text text)
+LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN pg_catalog.json_typeof(value) OPERATOR(pg_catalog.=) 'object' THEN
                (SELECT '{' OPERATOR(pg_catalog.||) coalesce(pg_catalog.string_agg(
                            pg_catalog.to_json(m.key)::pg_catalog.text
@@ -33,6 +35,16 @@ LANGUAGE sql IMMUTABLE AS $$
                   FROM pg_catalog.json_each(value) WITH ORDINALITY AS m (key, value, ord))
            ELSE value::pg_catalog.jsonb::pg_catalog.text
            END
+    -- Kept a subquery of its own where it is inlined (OFFSET 0), so its result is a
+    -- column there: an expression holding a subquery, passed to a function that uses
+    -- its argument more than once (webhooks.body_member), would stop that one inlining.
+    OFFSET 0
+$$;
+
+-- webhooks.json_in_order as a value, for expressions.
+CREATE OR REPLACE FUNCTION webhooks.ordered_json(value json) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT o.json_text FROM webhooks.json_in_order(value) o
 $$;
 
 
@@ -52,42 +64,54 @@ CREATE OR REPLACE FUNCTION webhooks.change_rows(o webhooks.outbox, careful boole
 RETURNS TABLE (n bigint, resource_id jsonb, parent_id jsonb, user_id text,
                tenant_scoped boolean, tenant text, row_data jsonb, problem text, raw json,
                changed text[], previous jsonb, row_json json, previous_json json)
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+-- Inlined into fan-out's statement (planned once with it, not again at every statement):
+-- so every name and operator is qualified and nothing is SET.
+LANGUAGE sql STABLE AS $$
     SELECT e.n,
-           CASE WHEN p.problem IS NULL THEN (e.j -> 0)::jsonb END,
+           CASE WHEN p.problem IS NULL
+                THEN (e.j OPERATOR(pg_catalog.->) 0)::pg_catalog.jsonb END,
            CASE WHEN p.problem IS NULL AND o.parent_resource IS NOT NULL
-                THEN (e.j -> 1)::jsonb END,
-           coalesce(nullif(o.user_setting, ''),
-                    CASE WHEN p.problem IS NULL THEN e.j ->> 3 END, o.role),
+                THEN (e.j OPERATOR(pg_catalog.->) 1)::pg_catalog.jsonb END,
+           coalesce(CASE WHEN o.user_setting OPERATOR(pg_catalog.<>) '' THEN o.user_setting END,
+                    CASE WHEN p.problem IS NULL THEN e.j OPERATOR(pg_catalog.->>) 3 END,
+                    o.role),
            o.tenant_scoped,
-           CASE WHEN p.problem IS NULL THEN e.j ->> 2 END,
-           CASE WHEN p.problem IS NULL AND o.include_row THEN (e.j -> 4)::jsonb END,
+           CASE WHEN p.problem IS NULL THEN e.j OPERATOR(pg_catalog.->>) 2 END,
+           CASE WHEN p.problem IS NULL AND o.include_row
+                THEN (e.j OPERATOR(pg_catalog.->) 4)::pg_catalog.jsonb END,
            p.problem,
            CASE WHEN p.problem IS NOT NULL THEN e.j END,
-           CASE WHEN p.problem IS NULL AND json_array_length(e.j) > 5 THEN
+           CASE WHEN p.problem IS NULL AND pg_catalog.json_array_length(e.j) OPERATOR(pg_catalog.>) 5
+           THEN
                -- Each row is walked once and the columns matched by a hash join on their
                -- names (`e.j -> 5 -> key` per column parsed the whole element again for
                -- every column: 8.5 s for a 300-column, 900 kB row). Values compare as
                -- their captured text, as before.
-               (SELECT coalesce(array_agg(c.key ORDER BY c.ord), '{}')
-                  FROM json_each(e.j -> 4) WITH ORDINALITY AS c (key, value, ord)
-                  LEFT JOIN json_each(CASE WHEN json_typeof(e.j -> 5) = 'object'
-                                           THEN e.j -> 5 END) AS b (key, value)
-                         ON b.key = c.key
-                 WHERE b.value IS NULL OR b.value::text IS DISTINCT FROM c.value::text)
+               (SELECT coalesce(pg_catalog.array_agg(c.key ORDER BY c.ord), '{}')
+                  FROM pg_catalog.json_each(e.j OPERATOR(pg_catalog.->) 4)
+                       WITH ORDINALITY AS c (key, value, ord)
+                  LEFT JOIN pg_catalog.json_each(
+                           CASE WHEN pg_catalog.json_typeof(e.j OPERATOR(pg_catalog.->) 5)
+                                     OPERATOR(pg_catalog.=) 'object'
+                                THEN e.j OPERATOR(pg_catalog.->) 5 END) AS b (key, value)
+                         ON b.key OPERATOR(pg_catalog.=) c.key
+                 WHERE b.value IS NULL
+                    OR b.value::pg_catalog.text OPERATOR(pg_catalog.<>) c.value::pg_catalog.text)
            END,
            -- No row, no old row: attachments made before attach refused include_previous
            -- without include_row may have queued both.
            CASE WHEN p.problem IS NULL AND o.include_row AND o.include_previous
-                     AND json_array_length(e.j) > 5
-                     AND json_typeof(e.j -> 5) = 'object'
-                THEN (e.j -> 5)::jsonb END,
-           CASE WHEN p.problem IS NULL AND o.include_row THEN e.j -> 4 END,
+                     AND pg_catalog.json_array_length(e.j) OPERATOR(pg_catalog.>) 5
+                     AND pg_catalog.json_typeof(e.j OPERATOR(pg_catalog.->) 5)
+                         OPERATOR(pg_catalog.=) 'object'
+                THEN (e.j OPERATOR(pg_catalog.->) 5)::pg_catalog.jsonb END,
+           CASE WHEN p.problem IS NULL AND o.include_row THEN e.j OPERATOR(pg_catalog.->) 4 END,
            CASE WHEN p.problem IS NULL AND o.include_row AND o.include_previous
-                     AND json_array_length(e.j) > 5
-                     AND json_typeof(e.j -> 5) = 'object'
-                THEN e.j -> 5 END
-      FROM json_array_elements(o.rows) WITH ORDINALITY AS e (j, n)
+                     AND pg_catalog.json_array_length(e.j) OPERATOR(pg_catalog.>) 5
+                     AND pg_catalog.json_typeof(e.j OPERATOR(pg_catalog.->) 5)
+                         OPERATOR(pg_catalog.=) 'object'
+                THEN e.j OPERATOR(pg_catalog.->) 5 END
+      FROM pg_catalog.json_array_elements(o.rows) WITH ORDINALITY AS e (j, n)
      CROSS JOIN LATERAL (SELECT CASE WHEN careful THEN webhooks.jsonb_problem(e.j) END
                                 AS problem) p
 $$;
@@ -153,10 +177,11 @@ $$;
 
 -- A member after `event` in a delivery body, with its leading ", ": `value` (JSON text)
 -- under `name`, or `"<name>_omitted": "too_large"` when it is over `max_bytes`, or nothing
--- when there is no value.
+-- when there is no value. STABLE, as to_json is: a function declared IMMUTABLE whose body
+-- is not is never inlined.
 CREATE OR REPLACE FUNCTION webhooks.body_member(name text, value text, max_bytes integer)
 RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN value IS NULL THEN ''
                 WHEN max_bytes IS NULL
                      OR pg_catalog.octet_length(value) OPERATOR(pg_catalog.<=) max_bytes

@@ -90,12 +90,12 @@ WITH lock AS (
            -- The row (and the row before an update) in table order. One over the size
            -- limit is left out and flagged, rather than blocking the queue with a body no
            -- target would take.
-           || webhooks.body_member('resource', webhooks.ordered_json(ch.row_json),
-                                   %(max_row_bytes)s)
-           || webhooks.body_member('previous', webhooks.ordered_json(ch.previous_json),
-                                   %(max_row_bytes)s)
+           || webhooks.body_member('resource', r.json_text, %(max_row_bytes)s)
+           || webhooks.body_member('previous', p.json_text, %(max_row_bytes)s)
            || '}'
       FROM changes ch
+     CROSS JOIN LATERAL webhooks.json_in_order(ch.row_json) r
+     CROSS JOIN LATERAL webhooks.json_in_order(ch.previous_json) p
      WHERE ch.event_id IN (SELECT event_id FROM matched)
     RETURNING id
 ), created AS (

@@ -9,6 +9,7 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
+from service.db import conninfo, query
 from service.store import Store
 from service.worker.fanout import FANOUT_LOCK, drain_outbox, fan_out_batch
 from tests.support.subscriptions import subscribe, subscribe_to
@@ -124,3 +125,20 @@ async def test_an_oversized_row_is_delivered_without_it_and_flagged(
     assert bodies[0]["resource"]["number"] == "small"
     assert "resource" not in bodies[1] and bodies[1]["resource_omitted"] == "too_large"
     assert bodies[1]["event"]["name"] == "invoice.create"
+
+
+def test_the_statement_inlines_its_functions(db_url: str, conn: psycopg.Connection) -> None:
+    # webhooks.change_rows, json_in_order, event_json and body_member are planned with
+    # the statement (and cached with it), not planned again inside each call at every
+    # fan-out: a SQL function is inlined only while every name in it is qualified,
+    # nothing is SET and its arguments stay cheap, which a later edit can break quietly.
+    subscribe(conn, "http://a.example/")
+    add_invoice(conn, "I1")
+    params = {"lock_key": FANOUT_LOCK, "limit": 10, "max_row_bytes": 1000, "careful": False}
+    with psycopg.connect(conninfo(db_url)) as worker:  # the service's own session settings
+        plan = "\n".join(row[0] for row in worker.execute(
+            "EXPLAIN (VERBOSE) " + query("fanout"), params).fetchall())
+        worker.rollback()
+    for name in ("change_rows", "json_in_order", "event_json", "body_member"):
+        assert f"webhooks.{name}" not in plan, name
+    assert "json_array_elements" in plan  # change_rows' own body, in the plan
