@@ -552,10 +552,11 @@ DECLARE
              WHEN TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN %5$L
              WHEN TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN %6$L
              ELSE %19$L END;
-    v_rows pg_catalog.json;
+    v_woken pg_catalog.int4;
 BEGIN
     -- The probe: this table is the attachment's, and an active subscription wants the
-    -- event. Each statement here is one SPI call; when nobody wants it, this is the only one.
+    -- event. Each statement here is one SPI call; when nobody wants it, this is the only
+    -- one (and the writer touches nothing else of the schema).
     PERFORM 1 FROM webhooks.attachments a
      WHERE a.id OPERATOR(pg_catalog.=) %1$s
        AND a.table_oid OPERATOR(pg_catalog.=) TG_RELID
@@ -566,59 +567,65 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
+    -- Then one statement queues the change and wakes a worker if one waits.
     IF TG_OP OPERATOR(pg_catalog.=) 'TRUNCATE' THEN
         -- One change for the statement, with no id, tenant or row: a TRUNCATE has no
         -- transition table, and names no row. The tenant column stays in force, so that
         -- fan-out gives it only to subscriptions made without a tenant (every tenant's
         -- rows went, and no one tenant's subscription speaks for them all).
-        INSERT INTO webhooks.outbox (hook_resource, name, resource, parent_resource,
-                                     include_row, user_setting, role, occurred_at, rows,
-                                     tenant_scoped, xid, include_previous)
-        VALUES (%7$L, v_name, %9$L, %10$L, false,
-                pg_catalog.current_setting('webhooks.user_id', true), session_user,
-                pg_catalog.statement_timestamp(), '[[null, null, null, null, null]]', %12$L,
-                pg_catalog.pg_current_xact_id(), false);
-        PERFORM pg_catalog.pg_notify('webhooks', '') FROM webhooks.wakeups LIMIT 1;
-        RETURN NULL;
-    END IF;
-    IF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
+        WITH queued AS (
+            INSERT INTO webhooks.outbox (hook_resource, name, resource, parent_resource,
+                                         include_row, user_setting, role, occurred_at, rows,
+                                         tenant_scoped, xid, include_previous)
+            SELECT %7$L, v_name, %9$L, %10$L, false,
+                   pg_catalog.current_setting('webhooks.user_id', true), session_user,
+                   pg_catalog.statement_timestamp(), '[[null, null, null, null, null]]', %12$L,
+                   pg_catalog.pg_current_xact_id(), false
+            RETURNING 1)
+        %20$s
+    ELSIF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
         -- Only rows whose captured form really changed, each with the row as it was
         -- (paired on the attachment's key_columns, a merge or hash join: at most one old
         -- row per new row, never a loop per id; null when a key column changed):
         -- [resource_id, parent_id, tenant, user, row, previous row]. Fan-out names the
         -- changed columns from the two, off the write path.
-        SELECT pg_catalog.json_agg(pg_catalog.json_build_array(n.i, n.p, n.t, n.u, n.r, o.r))
-          INTO v_rows
-          FROM (SELECT x.*,
-                       pg_catalog.json_build_array(x.i, x.p, x.t, x.u, x.r)::pg_catalog.text
-                           AS e
-                  FROM (SELECT %13$s%17$s FROM changed_rows c OFFSET 0) x) n
-          LEFT JOIN (SELECT x.r%16$s,
-                            pg_catalog.json_build_array(x.i, x.p, x.t, x.u, x.r)::pg_catalog.text
-                                AS e
-                       FROM (SELECT %13$s%17$s FROM old_rows c OFFSET 0) x) o
-                 ON %18$s
-         WHERE o.e IS NULL OR NOT (o.e OPERATOR(pg_catalog.=) n.e);
-        IF v_rows IS NULL THEN
-            RETURN NULL;
-        END IF;
-    END IF;
-    -- changed_rows is NEW TABLE for INSERT and UPDATE, OLD TABLE for DELETE.
-    INSERT INTO webhooks.outbox (hook_resource, name, resource, parent_resource, include_row,
-                                 user_setting, role, occurred_at, rows, tenant_scoped, xid,
-                                 include_previous)
-    SELECT %7$L, v_name, %9$L, %10$L, %11$L,
-           pg_catalog.current_setting('webhooks.user_id', true), session_user,
-           pg_catalog.statement_timestamp(), x.rows, %12$L, pg_catalog.pg_current_xact_id(),
-           %15$L
-      FROM (SELECT coalesce(v_rows, (SELECT pg_catalog.json_agg(%8$s)
-                                        FROM changed_rows c)) AS rows) x
-     WHERE x.rows IS NOT NULL;  -- a statement that changed no row
-    -- Wake a worker only when one waits (webhooks.wakeups): commits that NOTIFY serialise
-    -- on a database-wide lock, so a busy system, whose workers poll the outbox anyway,
-    -- sends none. Postgres folds identical notifications of a transaction into one.
-    IF FOUND THEN
-        PERFORM pg_catalog.pg_notify('webhooks', '') FROM webhooks.wakeups LIMIT 1;
+        WITH queued AS (
+            INSERT INTO webhooks.outbox (hook_resource, name, resource, parent_resource,
+                                         include_row, user_setting, role, occurred_at, rows,
+                                         tenant_scoped, xid, include_previous)
+            SELECT %7$L, v_name, %9$L, %10$L, %11$L,
+                   pg_catalog.current_setting('webhooks.user_id', true), session_user,
+                   pg_catalog.statement_timestamp(), x.rows, %12$L,
+                   pg_catalog.pg_current_xact_id(), %15$L
+              FROM (SELECT pg_catalog.json_agg(pg_catalog.json_build_array(n.i, n.p, n.t, n.u,
+                                                                           n.r, o.r)) AS rows
+                      FROM (SELECT x.*,
+                                   pg_catalog.json_build_array(x.i, x.p, x.t, x.u, x.r)
+                                       ::pg_catalog.text AS e
+                              FROM (SELECT %13$s%17$s FROM changed_rows c OFFSET 0) x) n
+                      LEFT JOIN (SELECT x.r%16$s,
+                                        pg_catalog.json_build_array(x.i, x.p, x.t, x.u, x.r)
+                                            ::pg_catalog.text AS e
+                                   FROM (SELECT %13$s%17$s FROM old_rows c OFFSET 0) x) o
+                             ON %18$s
+                     WHERE o.e IS NULL OR NOT (o.e OPERATOR(pg_catalog.=) n.e)) x
+             WHERE x.rows IS NOT NULL  -- no row's captured form changed
+            RETURNING 1)
+        %20$s
+    ELSE
+        -- changed_rows is NEW TABLE for INSERT, OLD TABLE for DELETE.
+        WITH queued AS (
+            INSERT INTO webhooks.outbox (hook_resource, name, resource, parent_resource,
+                                         include_row, user_setting, role, occurred_at, rows,
+                                         tenant_scoped, xid, include_previous)
+            SELECT %7$L, v_name, %9$L, %10$L, %11$L,
+                   pg_catalog.current_setting('webhooks.user_id', true), session_user,
+                   pg_catalog.statement_timestamp(), x.rows, %12$L,
+                   pg_catalog.pg_current_xact_id(), %15$L
+              FROM (SELECT pg_catalog.json_agg(%8$s) AS rows FROM changed_rows c) x
+             WHERE x.rows IS NOT NULL  -- a statement that changed no row
+            RETURNING 1)
+        %20$s
     END IF;
     RETURN NULL;
 END
@@ -629,7 +636,13 @@ $src$,
         -- Without the row no old row either: attachments made before attach refused the
         -- pair may still have both set.
         NULL, a.include_previous AND a.include_row, v_key_list, v_keys, v_join,
-        a.noun || '.truncate');
+        a.noun || '.truncate',
+        -- Wake a worker only when one waits (webhooks.wakeups) and a row was queued:
+        -- commits that NOTIFY serialise on a database-wide lock, so a busy system, whose
+        -- workers poll the outbox anyway, sends none. Postgres folds identical
+        -- notifications of a transaction into one.
+        'SELECT 1 INTO v_woken FROM (SELECT pg_catalog.pg_notify(''webhooks'', '''') '
+        'FROM webhooks.wakeups WHERE EXISTS (SELECT 1 FROM queued) LIMIT 1) AS k;');
     -- Column names and literals are quoted, but a dollar quote ends at its tag wherever
     -- it appears: pick one the body does not contain.
     WHILE position('$' || v_tag || '$' IN v_body) > 0 LOOP
