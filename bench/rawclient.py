@@ -3,8 +3,9 @@
 Run as its own process (`python -m bench.rawclient MODE ...`, one JSON object on the last
 stdout line) so each measurement gets a clean interpreter, like the worker it is compared
 with. Modes: `rate` (requests/s for a fixed time at a concurrency), `burst` (seconds to
-post N requests), `latency` (round-trip percentiles when paced at R requests/s), `get`
-(the API scenario's load generator when wrk is not installed).
+post N requests), `latency` (round-trip percentiles when paced at R requests/s), `quiet`
+(one POST after each of several quiet gaps, on an open connection: the round trip of an
+idle machine), `get` (the API scenario's load generator when wrk is not installed).
 """
 
 from __future__ import annotations
@@ -133,6 +134,25 @@ async def latency(url: str, lib: str, per_second: float, duration: float) -> dic
     return {"p50": pct(50), "p95": pct(95), "p99": pct(99), "requests": len(samples)}
 
 
+async def quiet(url: str, lib: str, gaps: list[float]) -> dict[str, Any]:
+    """Round-trip milliseconds of one POST after each quiet gap (each gap twice), on a
+    connection opened before: what an idle machine's first request costs (its processes
+    and caches woken), the limit of a lone event after the same quiet."""
+    post, close = await CLIENTS[lib](url, 1)
+    samples: list[tuple[float, float]] = []
+    try:
+        await post()
+        for gap in (g for g in gaps for _ in range(2)):
+            await asyncio.sleep(gap)  # the quiet being measured
+            t0 = time.perf_counter()
+            await post()
+            samples.append((gap, (time.perf_counter() - t0) * 1000.0))
+    finally:
+        await close()
+    ms = sorted(m for _, m in samples)
+    return {"p50": ms[(len(ms) - 1) // 2], "samples": samples}
+
+
 async def get(url: str, concurrency: int, duration: float, header: str | None
               ) -> dict[str, Any]:
     """Requests/s and latency percentiles of GETs back to back (the fallback when wrk is
@@ -166,7 +186,7 @@ async def get(url: str, concurrency: int, duration: float, header: str | None
 def main() -> None:
     """Parses the command line, runs one measurement, prints its JSON result."""
     parser = argparse.ArgumentParser(prog="python -m bench.rawclient")
-    parser.add_argument("mode", choices=["rate", "burst", "latency", "get"])
+    parser.add_argument("mode", choices=["rate", "burst", "latency", "quiet", "get"])
     parser.add_argument("--url", required=True)
     parser.add_argument("--lib", choices=sorted(CLIENTS), default="aiohttp")
     parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
@@ -175,6 +195,7 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--per-second", type=float, default=200.0)
     parser.add_argument("--header", default=None, help="`Name: value`, for get")
+    parser.add_argument("--gaps", default="0.05,0.5,2", help="seconds of quiet, for quiet")
     args = parser.parse_args()
     if args.mode == "rate":
         coro = rate(args.url, args.lib, args.concurrency, args.duration)
@@ -182,6 +203,8 @@ def main() -> None:
         coro = burst(args.url, args.lib, args.concurrency, args.count)
     elif args.mode == "latency":
         coro = latency(args.url, args.lib, args.per_second, args.duration)
+    elif args.mode == "quiet":
+        coro = quiet(args.url, args.lib, [float(g) for g in args.gaps.split(",")])
     else:
         coro = get(args.url, args.concurrency, args.duration, args.header)
     if args.loop == "uvloop":
