@@ -505,6 +505,7 @@ DECLARE
     v_element text;
     v_update_element text;
     v_parts text[];
+    v_queue text;
     v_body text;
     v_tag text := 'capture';
     v_keys text := '';
@@ -543,6 +544,26 @@ BEGIN
     v_update_element := format('%s AS i, %s AS p, %s AS t, %s AS u, %s AS r',
                                v_parts[1], v_parts[2], v_parts[3], v_parts[4],
                                webhooks.row_sql(a));
+    -- The one statement that queues a change and wakes a worker if one waits, from the
+    -- subquery (%7$s) that gives its rows: none when they are NULL (a statement that
+    -- changed no row, or no row whose captured form changed). Waking only when a worker
+    -- waits (webhooks.wakeups) and a row was queued: commits that NOTIFY serialise on a
+    -- database-wide lock, so a busy system, whose workers poll the outbox anyway, sends
+    -- none. Postgres folds identical notifications of a transaction into one.
+    v_queue := $q$WITH queued AS (
+            INSERT INTO webhooks.outbox (hook_resource, name, resource, parent_resource,
+                                         include_row, user_setting, role, occurred_at, rows,
+                                         tenant_scoped, xid, include_previous)
+            SELECT %1$L, v_name, %2$L, %3$L, %4$L,
+                   pg_catalog.current_setting('webhooks.user_id', true), session_user,
+                   pg_catalog.statement_timestamp(), x.rows, %5$L,
+                   pg_catalog.pg_current_xact_id(), %6$L
+              FROM (%7$s) x
+             WHERE x.rows IS NOT NULL
+            RETURNING 1)
+        SELECT 1 INTO v_woken
+          FROM (SELECT pg_catalog.pg_notify('webhooks', '') FROM webhooks.wakeups
+                 WHERE EXISTS (SELECT 1 FROM queued) LIMIT 1) AS k;$q$;
     v_body := format($src$
 DECLARE
     -- Held until commit; see webhooks.probe_lock_class.
@@ -551,7 +572,7 @@ DECLARE
         CASE WHEN TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN %4$L
              WHEN TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN %5$L
              WHEN TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN %6$L
-             ELSE %19$L END;
+             ELSE %11$L END;
     v_woken pg_catalog.int4;
 BEGIN
     -- The probe: this table is the attachment's, and an active subscription wants the
@@ -573,76 +594,49 @@ BEGIN
         -- transition table, and names no row. The tenant column stays in force, so that
         -- fan-out gives it only to subscriptions made without a tenant (every tenant's
         -- rows went, and no one tenant's subscription speaks for them all).
-        WITH queued AS (
-            INSERT INTO webhooks.outbox (hook_resource, name, resource, parent_resource,
-                                         include_row, user_setting, role, occurred_at, rows,
-                                         tenant_scoped, xid, include_previous)
-            SELECT %7$L, v_name, %9$L, %10$L, false,
-                   pg_catalog.current_setting('webhooks.user_id', true), session_user,
-                   pg_catalog.statement_timestamp(), '[[null, null, null, null, null]]', %12$L,
-                   pg_catalog.pg_current_xact_id(), false
-            RETURNING 1)
-        %20$s
+        %10$s
     ELSIF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
         -- Only rows whose captured form really changed, each with the row as it was
         -- (paired on the attachment's key_columns, a merge or hash join: at most one old
         -- row per new row, never a loop per id; null when a key column changed):
         -- [resource_id, parent_id, tenant, user, row, previous row]. Fan-out names the
         -- changed columns from the two, off the write path.
-        WITH queued AS (
-            INSERT INTO webhooks.outbox (hook_resource, name, resource, parent_resource,
-                                         include_row, user_setting, role, occurred_at, rows,
-                                         tenant_scoped, xid, include_previous)
-            SELECT %7$L, v_name, %9$L, %10$L, %11$L,
-                   pg_catalog.current_setting('webhooks.user_id', true), session_user,
-                   pg_catalog.statement_timestamp(), x.rows, %12$L,
-                   pg_catalog.pg_current_xact_id(), %15$L
-              FROM (SELECT pg_catalog.json_agg(pg_catalog.json_build_array(n.i, n.p, n.t, n.u,
-                                                                           n.r, o.r)) AS rows
-                      FROM (SELECT x.*,
-                                   pg_catalog.json_build_array(x.i, x.p, x.t, x.u, x.r)
-                                       ::pg_catalog.text AS e
-                              FROM (SELECT %13$s%17$s FROM changed_rows c OFFSET 0) x) n
-                      LEFT JOIN (SELECT x.r%16$s,
-                                        pg_catalog.json_build_array(x.i, x.p, x.t, x.u, x.r)
-                                            ::pg_catalog.text AS e
-                                   FROM (SELECT %13$s%17$s FROM old_rows c OFFSET 0) x) o
-                             ON %18$s
-                     WHERE o.e IS NULL OR NOT (o.e OPERATOR(pg_catalog.=) n.e)) x
-             WHERE x.rows IS NOT NULL  -- no row's captured form changed
-            RETURNING 1)
-        %20$s
+        %9$s
     ELSE
         -- changed_rows is NEW TABLE for INSERT, OLD TABLE for DELETE.
-        WITH queued AS (
-            INSERT INTO webhooks.outbox (hook_resource, name, resource, parent_resource,
-                                         include_row, user_setting, role, occurred_at, rows,
-                                         tenant_scoped, xid, include_previous)
-            SELECT %7$L, v_name, %9$L, %10$L, %11$L,
-                   pg_catalog.current_setting('webhooks.user_id', true), session_user,
-                   pg_catalog.statement_timestamp(), x.rows, %12$L,
-                   pg_catalog.pg_current_xact_id(), %15$L
-              FROM (SELECT pg_catalog.json_agg(%8$s) AS rows FROM changed_rows c) x
-             WHERE x.rows IS NOT NULL  -- a statement that changed no row
-            RETURNING 1)
-        %20$s
+        %8$s
     END IF;
     RETURN NULL;
 END
 $src$,
         a.id, webhooks.probe_lock_class(), hashtext(a.hook_resource), a.noun || '.create',
-        a.noun || '.update', a.noun || '.delete', a.hook_resource, v_element, a.resource,
-        a.parent_resource, a.include_row, a.tenant_column IS NOT NULL, v_update_element,
+        a.noun || '.update', a.noun || '.delete', a.hook_resource,
         -- Without the row no old row either: attachments made before attach refused the
         -- pair may still have both set.
-        NULL, a.include_previous AND a.include_row, v_key_list, v_keys, v_join,
-        a.noun || '.truncate',
-        -- Wake a worker only when one waits (webhooks.wakeups) and a row was queued:
-        -- commits that NOTIFY serialise on a database-wide lock, so a busy system, whose
-        -- workers poll the outbox anyway, sends none. Postgres folds identical
-        -- notifications of a transaction into one.
-        'SELECT 1 INTO v_woken FROM (SELECT pg_catalog.pg_notify(''webhooks'', '''') '
-        'FROM webhooks.wakeups WHERE EXISTS (SELECT 1 FROM queued) LIMIT 1) AS k;');
+        format(v_queue, a.hook_resource, a.resource, a.parent_resource, a.include_row,
+               a.tenant_column IS NOT NULL, a.include_previous AND a.include_row,
+               format('SELECT pg_catalog.json_agg(%s) AS rows FROM changed_rows c',
+                      v_element)),
+        format(v_queue, a.hook_resource, a.resource, a.parent_resource, a.include_row,
+               a.tenant_column IS NOT NULL, a.include_previous AND a.include_row,
+               format($rows$
+                SELECT pg_catalog.json_agg(pg_catalog.json_build_array(n.i, n.p, n.t, n.u,
+                                                                       n.r, o.r)) AS rows
+                  FROM (SELECT x.*,
+                               pg_catalog.json_build_array(x.i, x.p, x.t, x.u, x.r)
+                                   ::pg_catalog.text AS e
+                          FROM (SELECT %1$s%3$s FROM changed_rows c OFFSET 0) x) n
+                  LEFT JOIN (SELECT x.r%2$s,
+                                    pg_catalog.json_build_array(x.i, x.p, x.t, x.u, x.r)
+                                        ::pg_catalog.text AS e
+                               FROM (SELECT %1$s%3$s FROM old_rows c OFFSET 0) x) o
+                         ON %4$s
+                 WHERE o.e IS NULL OR NOT (o.e OPERATOR(pg_catalog.=) n.e)$rows$,
+                      v_update_element, v_key_list, v_keys, v_join)),
+        format(v_queue, a.hook_resource, a.resource, a.parent_resource, false,
+               a.tenant_column IS NOT NULL, false,
+               'SELECT ''[[null, null, null, null, null]]''::pg_catalog.json AS rows'),
+        a.noun || '.truncate');
     -- Column names and literals are quoted, but a dollar quote ends at its tag wherever
     -- it appears: pick one the body does not contain.
     WHILE position('$' || v_tag || '$' IN v_body) > 0 LOOP
