@@ -149,8 +149,7 @@ async def quiet(url: str, lib: str, gaps: list[float]) -> dict[str, Any]:
             samples.append((gap, (time.perf_counter() - t0) * 1000.0))
     finally:
         await close()
-    ms = sorted(m for _, m in samples)
-    return {"p50": ms[(len(ms) - 1) // 2], "samples": samples}
+    return {"samples": samples}
 
 
 async def get(url: str, concurrency: int, duration: float, header: str | None
