@@ -1765,6 +1765,8 @@ CREATE FUNCTION webhooks.subscription_registry() RETURNS trigger
     AS $$
 DECLARE
     v_changed bigint[];
+    v_resources text[];
+    v_events text[];
 BEGIN
     IF TG_OP = 'UPDATE' THEN
         -- Most updates (the worker's last_* fields) change nothing the registry holds.
@@ -1778,6 +1780,33 @@ BEGIN
             RETURN NULL;
         END IF;
     END IF;
+    -- The count rows this statement changes, taken in one order (resource, event) before
+    -- any is changed: concurrent writes to subscriptions of the same events (activations
+    -- settling together) would otherwise update them in whatever order each one's join met
+    -- them, and deadlock. Missing rows are made first, in the same order (an uncommitted
+    -- row is not there to lock); the rows of `gone` exist: they were counted.
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        SELECT array_agg(n.resource), array_agg(x) INTO v_resources, v_events
+          FROM came n CROSS JOIN LATERAL unnest(n.events) AS x
+         WHERE n.active AND (v_changed IS NULL OR n.id = ANY (v_changed));
+        INSERT INTO webhooks.wanted_events (resource, event, subscriptions)
+        SELECT DISTINCT k.resource, k.event, 0
+          FROM unnest(v_resources, v_events) AS k (resource, event)
+         ORDER BY k.resource, k.event
+            ON CONFLICT (resource, event) DO NOTHING;
+    END IF;
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        SELECT coalesce(v_resources, '{}') || array_agg(o.resource),
+               coalesce(v_events, '{}') || array_agg(x)
+          INTO v_resources, v_events
+          FROM gone o CROSS JOIN LATERAL unnest(o.events) AS x
+         WHERE o.active AND (v_changed IS NULL OR o.id = ANY (v_changed));
+    END IF;
+    PERFORM 1 FROM webhooks.wanted_events w
+     WHERE (w.resource, w.event) IN (SELECT k.resource, k.event
+                                       FROM unnest(v_resources, v_events) AS k (resource, event))
+     ORDER BY w.resource, w.event
+       FOR UPDATE OF w;
     IF TG_OP IN ('UPDATE', 'DELETE') THEN
         WITH unwanted AS (
             SELECT o.id, e.event, o.resource

@@ -5,6 +5,8 @@ activation snapshot that keeps changes from before an activation away from it.""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import AsyncIterator
 
 import psycopg
@@ -162,3 +164,40 @@ async def test_fan_out_matches_tenants_through_the_index(
         "WHERE se.resource = 'invoices' AND se.event = 'invoice.create' "
         "AND se.tenant = 'acme'").fetchall())
     assert "subscription_events_match_idx" in plan, plan
+
+
+def test_registry_writes_take_the_count_rows_in_one_order(conn: psycopg.Connection,
+                                                         db_url: str) -> None:
+    """Two writes to subscriptions of the same events (activations settling together)
+    change the same webhooks.wanted_events rows: each takes them in (resource, event)
+    order, so while it waits for the first it holds none of the later ones, and two of
+    them cannot deadlock (they did, in whatever order each one's join met the rows)."""
+    sid = subscribe_to(conn, "invoices", ["invoice.create", "invoice.update"])
+    # The first row in key order now lies after the other in the table.
+    conn.execute("UPDATE webhooks.wanted_events SET subscriptions = subscriptions"
+                 " WHERE event = 'invoice.create'")
+    with psycopg.connect(db_url) as holder, psycopg.connect(db_url) as prober:
+        holder.execute("SELECT 1 FROM webhooks.wanted_events"
+                       " WHERE event = 'invoice.create' FOR UPDATE")
+        writer = psycopg.connect(db_url, autocommit=True)
+        pid = writer.info.backend_pid
+        done = threading.Thread(target=writer.execute, args=(
+            "UPDATE webhooks.subscriptions SET active_since = pg_current_snapshot()"
+            " WHERE id = %s", (sid,)))
+        done.start()
+        try:
+            deadline = time.monotonic() + 10
+            while conn.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                               (pid,)).fetchone() != ("Lock",):
+                assert time.monotonic() < deadline, "the write never waited for the row"
+                time.sleep(0.01)
+            # Waiting for the first row, the write holds none of the later ones.
+            prober.execute("SELECT 1 FROM webhooks.wanted_events"
+                           " WHERE event = 'invoice.update' FOR UPDATE NOWAIT")
+            prober.rollback()
+        finally:
+            holder.rollback()
+            done.join(10)
+            writer.close()
+    assert not done.is_alive()
+    assert wanted(conn) == {"invoice.create": 1, "invoice.update": 1}
