@@ -58,6 +58,15 @@ class Session(Queries, ConnectionQueries):
             cur = await self._conn.execute(query(name), params)
             return cur.rowcount
 
+    async def _all_planned(self, name: str, params: Params, row: AsyncRowFactory[Any],
+                           settings: str) -> list[Any]:
+        with translated():
+            async with self._conn.transaction():
+                await self._conn.execute(query(settings))
+                cur = self._conn.cursor(row_factory=row)
+                await cur.execute(query(name), params)
+                return await cur.fetchall()
+
     async def _execute(self, statement: sql.Composed | sql.SQL) -> None:
         with translated():
             await self._conn.execute(statement)
@@ -98,32 +107,37 @@ class Store(Queries):
         async with self.session() as s:
             return await s._run(name, params)
 
+    async def _all_planned(self, name: str, params: Params, row: AsyncRowFactory[Any],
+                           settings: str) -> list[Any]:
+        with translated():
+            async with self.pool.connection() as conn, conn.pipeline() as pipe:
+                await conn.execute(query(settings))
+                cur = conn.cursor(row_factory=row)
+                await cur.execute(query(name), params)
+                await pipe.sync()
+                return await cur.fetchall()
+
     async def fanout_and_claim(self, batch: type[Batch], claimed: type[Claimed], *,
-                               fanout: FanoutParams, claim: ClaimParams,
-                               generic_plans: bool = False
+                               fanout: FanoutParams, claim: ClaimParams
                                ) -> tuple[list[Batch], list[Claimed]]:
         """A fan-out statement and a claim sent together: one round trip and one
         transaction, so the claim sees what the fan-out made. An error in either raises,
         and neither is committed.
 
-        The fan-out always runs on its prepared statement's generic plan: its shape does
-        not depend on what it finds, and planning it costs more than running it for a
-        few changes (1.3 ms). The claim does too when `generic_plans` is set (a quiet
-        queue: planning the claim anew for a few rows costs more than running it, about
-        0.7 ms once the day's partition holds a drained burst); a burst's claims are
-        planned for what they find. The setting is reset in the same transaction, so the
-        connection goes back to the pool as it came."""
+        Both run on their prepared statements' generic plans, planned once per
+        connection: the fan-out's shape does not depend on what it finds, and planning it
+        costs more than running it for a few changes (1.3 ms); the claim runs with the
+        settings that keep its plan right whatever the statistics (claim_settings in
+        sql/queries/worker.sql). The settings are the transaction's own (set_config's
+        is_local): the connection goes back to the pool as it came."""
         with translated():
             async with self.pool.connection() as conn, conn.pipeline() as pipe:
-                await conn.execute("SET plan_cache_mode = force_generic_plan")
+                await conn.execute(query("generic_plan"))
                 first = conn.cursor(row_factory=class_row(batch))
                 await first.execute(query("fanout"), fanout)
-                if not generic_plans:
-                    await conn.execute("RESET plan_cache_mode")
+                await conn.execute(query("claim_settings"))
                 second = conn.cursor(row_factory=class_row(claimed))
                 await second.execute(query("claim"), claim)
-                if generic_plans:
-                    await conn.execute("RESET plan_cache_mode")
                 await pipe.sync()
                 return await first.fetchall(), await second.fetchall()
 

@@ -38,13 +38,14 @@ class WorkerQueries(AsyncQueries):
                     busy_counts: list[int], saturated: list[int], degraded: list[int],
                     owner_names: list[str], owner_counts: list[int],
                     saturated_owners: list[str]) -> list[Claimed]:
-        """Leases up to `limit` due deliveries below their caps, as `into` (unordered)."""
-        return await self._all("claim", {
+        """Leases up to `limit` due deliveries below their caps, as `into` (unordered).
+        Runs with the claim's planner settings (claim_settings)."""
+        return await self._all_planned("claim", {
             "limit": limit, "scan": scan, "per_target": per_target, "per_owner": per_owner,
             "lease": lease, "busy_ids": busy_ids, "busy_counts": busy_counts,
             "saturated": saturated, "degraded": degraded, "owner_names": owner_names,
             "owner_counts": owner_counts, "saturated_owners": saturated_owners},
-            row=class_row(into))
+            class_row(into), "claim_settings")
 
     async def next_due(self, *, saturated: list[int], saturated_owners: list[str]
                        ) -> float | None:

@@ -56,10 +56,6 @@ SLOW_AFTER = 1.0
 ANALYZE_AFTER = 10_000
 ANALYZE_EVERY = 10.0
 
-# A claim that returned fewer deliveries than this leaves the queue quiet: the next
-# fan-out and claim run on generic plans (store.fanout_and_claim).
-QUIET_CLAIM = 8
-
 _worker_numbers = itertools.count(1)
 
 
@@ -95,7 +91,6 @@ class Worker:
         # Loop time of the next failure-lifecycle round (lifecycle.py).
         self._lifecycle_at = 0.0
         self._unanalysed = 0  # deliveries fanned out since the last analyze_current
-        self._last_claim = 0  # deliveries the last claim returned
         self._analyzed_at = float("-inf")
         self._analyzing: asyncio.Task[None] | None = None
 
@@ -218,7 +213,6 @@ class Worker:
             return self.settings.poll_interval
         self.stats.round_trips += 1
         claims = await delivery.claim_with(self.store, self.pacing.claim_params(wanted))
-        self._last_claim = len(claims)
         return await self._start(claims, wanted, now, until_fanout)
 
     async def _start(self, claims: list[Claim], wanted: int, now: float,
@@ -258,10 +252,7 @@ class Worker:
             batches, rows = await self.store.fanout_and_claim(
                 FanoutBatch, Claim,
                 fanout=fanout_params(self.settings.batch_size, self.settings.max_row_bytes),
-                claim=self.pacing.claim_params(wanted),
-                # A quiet queue: the cached generic plans (a burst's claims are
-                # planned for what they find).
-                generic_plans=self._last_claim < QUIET_CLAIM)
+                claim=self.pacing.claim_params(wanted))
         except StoreRejected as exc:
             if exc.data_error:
                 return None
@@ -276,7 +267,6 @@ class Worker:
             self.wakeup.notified()  # a backlog: the next step takes the next batch
         now = loop.time()
         until_fanout = max(self.wakeup.until_fanout(now), MIN_WAIT)
-        self._last_claim = len(rows)
         return await self._start(delivery.in_start_order(rows), wanted, now, until_fanout)
 
     async def _fan_out(self) -> None:

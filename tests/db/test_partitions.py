@@ -395,3 +395,90 @@ def test_record_touches_only_the_batch_whatever_the_statistics(
                         " (SELECT count(*) FROM webhooks.attempts)"
                         " FROM webhooks.deliveries").fetchone()
     assert done == (2000, 2000)
+
+
+CLAIM_PARAMS: dict[str, Any] = {
+    "limit": 64, "scan": 100, "per_target": 64, "per_owner": 2**31 - 1, "lease": 60.0,
+    "busy_ids": "{}", "busy_counts": "{}", "saturated": "{}", "degraded": "{}",
+    "owner_names": "{}", "owner_counts": "{}", "saturated_owners": "{}"}
+
+
+def prepare_claim(conn: psycopg.Connection) -> str:
+    """PREPAREs the claim as `claim_now`; returns the EXECUTE statement with this file's
+    parameters, in the order of their first use in the text."""
+    names: list[str] = []
+
+    def number(m: re.Match[str]) -> str:
+        if m.group(1) not in names:
+            names.append(m.group(1))
+        return f"${names.index(m.group(1)) + 1}"
+
+    conn.execute("PREPARE claim_now AS "
+                 + re.sub(r"%\((\w+)\)s", number, db.query("claim")))
+    values = ", ".join(f"'{CLAIM_PARAMS[n]}'" for n in names)
+    return f"EXECUTE claim_now({values})"
+
+
+@pytest.mark.parametrize("built_on", ["analysed empty", "never analysed"])
+def test_claim_plan_holds_whatever_the_statistics(conn: psycopg.Connection,
+                                                  built_on: str) -> None:
+    """The claim runs on one generic plan per connection (store.fanout_and_claim): built
+    while the day's partition was empty, it still reads the due deliveries of a 20,000
+    backlog in order from the due index and reaches each row it takes by key or address:
+    no plan node handles more rows than the claim scans (a sort of the queue handles them
+    all at every claim, a join with it once per claimed row)."""
+    sid = subscription(conn)
+    if built_on == "analysed empty":
+        conn.execute("ANALYZE webhooks.deliveries, webhooks.events")
+    execute = prepare_claim(conn)
+    with conn.transaction():
+        conn.execute(db.query("claim_settings"))
+        assert conn.execute(execute).fetchall() == []  # the generic plan is built here
+    conn.execute("INSERT INTO webhooks.events (id, hook_resource, name, occurred_at, body)"
+                 " SELECT i, 'invoices', 'invoice.create', now(), '{}'"
+                 "   FROM generate_series(1, 20000) i")
+    conn.execute("INSERT INTO webhooks.deliveries (event_id, subscription_id)"
+                 " SELECT id, %s FROM webhooks.events", (sid,))
+    conn.execute("BEGIN")
+    conn.execute(db.query("claim_settings"))
+    row = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + execute).fetchone()
+    conn.execute("ROLLBACK")
+    assert row is not None
+
+    def nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        yield node
+        for child in node.get("Plans", []):
+            yield from nodes(child)
+
+    plan = row[0][0]["Plan"]
+    handled = max((n["Actual Rows"] * n["Actual Loops"], n["Node Type"]) for n in nodes(plan))
+    assert handled[0] <= CLAIM_PARAMS["scan"], handled
+    assert plan["Actual Rows"] == CLAIM_PARAMS["limit"]
+    generic = conn.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                           " WHERE name = 'claim_now'").fetchone()
+    assert generic == (2, 0)
+
+
+async def test_the_store_claims_on_generic_plans(db_url: str,
+                                                 conn: psycopg.Connection) -> None:
+    """Once psycopg has prepared the claim on a connection, every claim there runs on the
+    generic plan, and the connection's settings are as before."""
+    subscription(conn)
+    async with open_pool(db_url, max_size=1) as pool:
+        store = Store(pool)
+        for _ in range(8):
+            assert await store.claim(dict, **{  # type: ignore[arg-type]
+                **CLAIM_PARAMS, "busy_ids": [], "busy_counts": [], "saturated": [],
+                "degraded": [], "owner_names": [], "owner_counts": [],
+                "saturated_owners": []}) == []
+        async with pool.connection() as c:
+            cur = await c.execute(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                " WHERE statement LIKE '%%strict_heads%%'")
+            plans = await cur.fetchall()
+            cur = await c.execute(
+                "SELECT current_setting('plan_cache_mode'), current_setting('enable_sort'),"
+                " current_setting('enable_seqscan'), current_setting('enable_bitmapscan')")
+            settings = await cur.fetchone()
+    assert len(plans) == 1 and plans[0][0] >= 1 and plans[0][1] == 0, plans
+    assert settings == ("auto", "on", "on", "on")
