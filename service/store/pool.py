@@ -127,7 +127,7 @@ class Store(Queries):
         Both run on their prepared statements' generic plans, planned once per
         connection: the fan-out's shape does not depend on what it finds, and planning it
         costs more than running it for a few changes (1.3 ms); the claim runs with the
-        settings that keep its plan right whatever the statistics (claim_settings in
+        settings that keep its plan right whatever the statistics (queue_settings in
         sql/queries/worker.sql). The settings are the transaction's own (set_config's
         is_local): the connection goes back to the pool as it came."""
         with translated():
@@ -135,7 +135,7 @@ class Store(Queries):
                 await conn.execute(query("generic_plan"))
                 first = conn.cursor(row_factory=class_row(batch))
                 await first.execute(query("fanout"), fanout)
-                await conn.execute(query("claim_settings"))
+                await conn.execute(query("queue_settings"))
                 second = conn.cursor(row_factory=class_row(claimed))
                 await second.execute(query("claim"), claim)
                 await pipe.sync()

@@ -19,7 +19,7 @@
 -- runs it with sorts, sequential and bitmap scans off, so the due deliveries are read in
 -- order from the due index and every other table is reached by index; the chosen rows
 -- are updated by row address and each one's event found by one index probe. The
--- settings are claim_settings, below.
+-- settings are queue_settings, below.
 WITH busy AS (
     SELECT sid, n FROM unnest(%(busy_ids)s::bigint[], %(busy_counts)s::int[]) AS b (sid, n)
 ), busy_owners AS (
@@ -96,8 +96,10 @@ UPDATE webhooks.deliveries d
 RETURNING d.id, d.attempts, d.subscription_id, c.owner, c.active, c.target, c.secret,
           c.name AS event, c.body, c.due, d.created_at, c.previous_secret
 
--- name: claim_settings --
--- The planner settings the claim runs with (see claim), for its transaction only.
+-- name: queue_settings --
+-- The planner settings the claim and the record run with, for their transaction only:
+-- each runs on one generic plan per connection, which must hold whatever the statistics
+-- said when it was built (see claim).
 SELECT pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true),
        pg_catalog.set_config('enable_sort', 'off', true),
        pg_catalog.set_config('enable_seqscan', 'off', true),
@@ -128,7 +130,9 @@ SELECT extract(epoch FROM min(d.next_attempt_at) - now())::float8 AS wait
 -- The batch comes as one JSON array of [id, attempt, subscription_id, status, outcome,
 -- retry_in, attempted_at (epoch seconds), duration_ms, error, the delivery's created_at
 -- (its partition key, as text: exact to the microsecond)]: one parameter that Python
--- encodes in C, where ten typed arrays cost a Python call per element.
+-- encodes in C, where ten typed arrays cost a Python call per element. Runs with
+-- queue_settings, like the claim: its generic plan, built while a day's partition was
+-- empty, would otherwise read every pending delivery of that day at each batch.
 WITH r AS (
     SELECT (a ->> 0)::bigint AS id, (a ->> 1)::int AS attempt,
            (a ->> 2)::bigint AS subscription_id, (a ->> 3)::int AS status,

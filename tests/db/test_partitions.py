@@ -403,9 +403,9 @@ CLAIM_PARAMS: dict[str, Any] = {
     "owner_names": "{}", "owner_counts": "{}", "saturated_owners": "{}"}
 
 
-def prepare_claim(conn: psycopg.Connection) -> str:
-    """PREPAREs the claim as `claim_now`; returns the EXECUTE statement with this file's
-    parameters, in the order of their first use in the text."""
+def prepare(conn: psycopg.Connection, name: str, params: dict[str, Any]) -> str:
+    """PREPAREs the named query under its own name; returns its EXECUTE statement with
+    `params`, in the order of their first use in the text."""
     names: list[str] = []
 
     def number(m: re.Match[str]) -> str:
@@ -413,10 +413,28 @@ def prepare_claim(conn: psycopg.Connection) -> str:
             names.append(m.group(1))
         return f"${names.index(m.group(1)) + 1}"
 
-    conn.execute("PREPARE claim_now AS "
-                 + re.sub(r"%\((\w+)\)s", number, db.query("claim")))
-    values = ", ".join(f"'{CLAIM_PARAMS[n]}'" for n in names)
-    return f"EXECUTE claim_now({values})"
+    conn.execute(f"PREPARE {name} AS " + re.sub(r"%\((\w+)\)s", number, db.query(name)))
+    values = ", ".join(psycopg.sql.quote(params[n]) for n in names)
+    return f"EXECUTE {name}({values})"
+
+
+def most_rows(plan: dict[str, Any]) -> tuple[int, str]:
+    """The most rows a node of an EXPLAIN (ANALYZE, FORMAT JSON) plan handled, and its type."""
+    def nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        yield node
+        for child in node.get("Plans", []):
+            yield from nodes(child)
+
+    return max((n["Actual Rows"] * n["Actual Loops"], n["Node Type"]) for n in nodes(plan))
+
+
+def backlog(conn: psycopg.Connection, sid: int, n: int) -> None:
+    """n pending deliveries to `sid`, each of its own event, made now."""
+    conn.execute("INSERT INTO webhooks.events (id, hook_resource, name, occurred_at, body)"
+                 " SELECT i, 'invoices', 'invoice.create', now(), '{}'"
+                 "   FROM generate_series(1, %s) i", (n,))
+    conn.execute("INSERT INTO webhooks.deliveries (event_id, subscription_id)"
+                 " SELECT id, %s FROM webhooks.events", (sid,))
 
 
 @pytest.mark.parametrize("built_on", ["analysed empty", "never analysed"])
@@ -430,33 +448,52 @@ def test_claim_plan_holds_whatever_the_statistics(conn: psycopg.Connection,
     sid = subscription(conn)
     if built_on == "analysed empty":
         conn.execute("ANALYZE webhooks.deliveries, webhooks.events")
-    execute = prepare_claim(conn)
+    claim = prepare(conn, "claim", CLAIM_PARAMS)
     with conn.transaction():
-        conn.execute(db.query("claim_settings"))
-        assert conn.execute(execute).fetchall() == []  # the generic plan is built here
-    conn.execute("INSERT INTO webhooks.events (id, hook_resource, name, occurred_at, body)"
-                 " SELECT i, 'invoices', 'invoice.create', now(), '{}'"
-                 "   FROM generate_series(1, 20000) i")
-    conn.execute("INSERT INTO webhooks.deliveries (event_id, subscription_id)"
-                 " SELECT id, %s FROM webhooks.events", (sid,))
+        conn.execute(db.query("queue_settings"))
+        assert conn.execute(claim).fetchall() == []  # the generic plan is built here
+    backlog(conn, sid, 20000)
     conn.execute("BEGIN")
-    conn.execute(db.query("claim_settings"))
-    row = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + execute).fetchone()
+    conn.execute(db.query("queue_settings"))
+    row = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + claim).fetchone()
     conn.execute("ROLLBACK")
     assert row is not None
-
-    def nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        yield node
-        for child in node.get("Plans", []):
-            yield from nodes(child)
-
     plan = row[0][0]["Plan"]
-    handled = max((n["Actual Rows"] * n["Actual Loops"], n["Node Type"]) for n in nodes(plan))
-    assert handled[0] <= CLAIM_PARAMS["scan"], handled
+    assert most_rows(plan)[0] <= CLAIM_PARAMS["scan"], most_rows(plan)
     assert plan["Actual Rows"] == CLAIM_PARAMS["limit"]
     generic = conn.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements"
-                           " WHERE name = 'claim_now'").fetchone()
+                           " WHERE name = 'claim'").fetchone()
     assert generic == (2, 0)
+
+
+@pytest.mark.parametrize("built_on", ["analysed empty", "never analysed"])
+def test_record_plan_holds_whatever_the_statistics(conn: psycopg.Connection,
+                                                   built_on: str) -> None:
+    """The same for the recorder's statement: its generic plan, built while the day's
+    partition was empty, records a batch of a 20,000 backlog touching only the batch."""
+    sid = subscription(conn)
+    if built_on == "analysed empty":
+        conn.execute("ANALYZE webhooks.deliveries, webhooks.events, webhooks.attempts")
+    conn.execute("SET plan_cache_mode = force_generic_plan")  # as after five runs
+    record = prepare(conn, "record", {"batch": "[]"})
+    with conn.transaction():
+        conn.execute(db.query("queue_settings"))
+        conn.execute(record)  # the generic plan is built here
+    backlog(conn, sid, 20000)
+    batch = conn.execute(
+        "SELECT jsonb_agg(jsonb_build_array(id, attempts, subscription_id, 200, 'succeeded',"
+        " 0, extract(epoch FROM now()), 1.5, NULL, created_at) ORDER BY id)::text"
+        "  FROM (SELECT * FROM webhooks.deliveries ORDER BY id LIMIT 100) d").fetchone()
+    assert batch is not None
+    record = record.replace("'[]'", psycopg.sql.quote(batch[0]))
+    conn.execute("BEGIN")
+    conn.execute(db.query("queue_settings"))
+    row = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + record).fetchone()
+    conn.execute("COMMIT")
+    assert row is not None
+    assert most_rows(row[0][0]["Plan"])[0] <= 100, most_rows(row[0][0]["Plan"])
+    assert conn.execute("SELECT count(*) FROM webhooks.deliveries"
+                        " WHERE status = 'succeeded'").fetchone() == (100,)
 
 
 async def test_the_store_claims_on_generic_plans(db_url: str,
