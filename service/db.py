@@ -158,10 +158,14 @@ def service_options(url_options: str | None, *, search_path: bool = True) -> str
                                   session_options(enforced)]))
 
 
-def conninfo(url: str) -> str:
-    """The connection string of `url` with the service's session options."""
+def conninfo(url: str, settings: dict[str, str] | None = None) -> str:
+    """The connection string of `url` with the service's session options (and
+    `settings`, after them)."""
     own = conninfo_to_dict(url).get("options")
-    return make_conninfo(url, options=service_options(str(own) if own else None))
+    options = service_options(str(own) if own else None)
+    if settings:
+        options += " " + session_options(settings)
+    return make_conninfo(url, options=options)
 
 
 def connect(url: str) -> psycopg.Connection:

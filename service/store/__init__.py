@@ -11,8 +11,8 @@ query (import-linter keeps service.db, the plumbing, away from the API and the w
 """
 
 from service.store.errors import StoreError, StoreRejected, StoreUnavailable, translated
-from service.store.pool import Session, Store, connect, make_pool
+from service.store.pool import QUEUE_SETTINGS, Session, Store, connect, make_pool
 from service.store.sync import SyncStore
 
-__all__ = ["Session", "Store", "StoreError", "StoreRejected", "StoreUnavailable",
+__all__ = ["QUEUE_SETTINGS", "Session", "Store", "StoreError", "StoreRejected", "StoreUnavailable",
            "SyncStore", "connect", "make_pool", "translated"]

@@ -36,12 +36,6 @@ class AsyncQueries:
         """Runs the named statement; returns its row count."""
         raise NotImplementedError
 
-    async def _all_planned(self, name: str, params: Params, row: AsyncRowFactory[Any],
-                           settings: str) -> list[Any]:
-        """Every row of the named query, run in one transaction after the named statement
-        `settings`, which sets that transaction's planner settings."""
-        raise NotImplementedError
-
 
 class SyncQueries:
     """The primitives of the commands' areas, on their one plain connection."""

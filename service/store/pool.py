@@ -58,15 +58,6 @@ class Session(Queries, ConnectionQueries):
             cur = await self._conn.execute(query(name), params)
             return cur.rowcount
 
-    async def _all_planned(self, name: str, params: Params, row: AsyncRowFactory[Any],
-                           settings: str) -> list[Any]:
-        with translated():
-            async with self._conn.transaction():
-                await self._conn.execute(query(settings))
-                cur = self._conn.cursor(row_factory=row)
-                await cur.execute(query(name), params)
-                return await cur.fetchall()
-
     async def _execute(self, statement: sql.Composed | sql.SQL) -> None:
         with translated():
             await self._conn.execute(statement)
@@ -107,35 +98,17 @@ class Store(Queries):
         async with self.session() as s:
             return await s._run(name, params)
 
-    async def _all_planned(self, name: str, params: Params, row: AsyncRowFactory[Any],
-                           settings: str) -> list[Any]:
-        with translated():
-            async with self.pool.connection() as conn, conn.pipeline() as pipe:
-                await conn.execute(query(settings))
-                cur = conn.cursor(row_factory=row)
-                await cur.execute(query(name), params)
-                await pipe.sync()
-                return await cur.fetchall()
-
     async def fanout_and_claim(self, batch: type[Batch], claimed: type[Claimed], *,
                                fanout: FanoutParams, claim: ClaimParams
                                ) -> tuple[list[Batch], list[Claimed]]:
         """A fan-out statement and a claim sent together: one round trip and one
         transaction, so the claim sees what the fan-out made. An error in either raises,
-        and neither is committed.
-
-        Both run on their prepared statements' generic plans, planned once per
-        connection: the fan-out's shape does not depend on what it finds, and planning it
-        costs more than running it for a few changes (1.3 ms); the claim runs with the
-        settings that keep its plan right whatever the statistics (queue_settings in
-        sql/queries/worker.sql). The settings are the transaction's own (set_config's
-        is_local): the connection goes back to the pool as it came."""
+        and neither is committed. Run on the worker's queue pool (QUEUE_SETTINGS), both
+        run on their generic plans."""
         with translated():
             async with self.pool.connection() as conn, conn.pipeline() as pipe:
-                await conn.execute(query("generic_plan"))
                 first = conn.cursor(row_factory=class_row(batch))
                 await first.execute(query("fanout"), fanout)
-                await conn.execute(query("queue_settings"))
                 second = conn.cursor(row_factory=class_row(claimed))
                 await second.execute(query("claim"), claim)
                 await pipe.sync()
@@ -148,17 +121,36 @@ async def connect(url: str, **kwargs: Any) -> psycopg.AsyncConnection[Any]:
     return await psycopg.AsyncConnection.connect(conninfo(url), autocommit=True, **kwargs)
 
 
+# The planner settings of the worker's queue pool, where the fan-out, the claim and the
+# record run. Each of them runs on one generic plan per connection (planning the claim
+# anew took longer than running it: 0.8 ms with three days of partitions, 2.5 ms with a
+# week's), which must hold whatever the statistics said when it was built: a day's
+# partition empty or never analysed, one subscription or 100,000. With sorts, sequential
+# and bitmap scans off, the claim reads the due deliveries in order from the due index and
+# every statement reaches the rows it changes by key or address (a generic plan built on
+# an empty partition sorted the whole queue at every claim, and the record read every
+# pending delivery of the day at every batch). Set at connection: a statement setting them
+# in each transaction cost a pipeline, twice the client's CPU of a plain statement.
+QUEUE_SETTINGS: dict[str, str] = {
+    "plan_cache_mode": "force_generic_plan",
+    "enable_sort": "off",
+    "enable_seqscan": "off",
+    "enable_bitmapscan": "off",
+}
+
+
 def make_pool(url: str, *, min_size: int = 1, max_size: int = 10, name: str = "webhooks",
-              timeout: float = 30.0) -> AsyncConnectionPool:
+              timeout: float = 30.0, settings: dict[str, str] | None = None
+              ) -> AsyncConnectionPool:
     """An unopened async pool; the caller opens it (`await pool.open(wait=True)`) and closes it.
 
     Connections are not checked at every checkout: that costs a round trip per query on
     the hot paths. A connection that died (a server restart) fails its next query, is
     discarded by the pool, and the caller's error handling applies: the worker retries,
-    the API answers 503 for that request.
+    the API answers 503 for that request. `settings` are set on each connection at start.
     """
     return AsyncConnectionPool(
-        conninfo(url),
+        conninfo(url, settings),
         min_size=min_size,
         max_size=max_size,
         open=False,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, TypedDict, TypeVar
 
 from psycopg import sql
-from psycopg.rows import class_row, dict_row
+from psycopg.rows import class_row
 
 from service.store.base import AsyncQueries
 
@@ -38,14 +38,13 @@ class WorkerQueries(AsyncQueries):
                     busy_counts: list[int], saturated: list[int], degraded: list[int],
                     owner_names: list[str], owner_counts: list[int],
                     saturated_owners: list[str]) -> list[Claimed]:
-        """Leases up to `limit` due deliveries below their caps, as `into` (unordered).
-        Runs with the claim's planner settings (queue_settings)."""
-        return await self._all_planned("claim", {
+        """Leases up to `limit` due deliveries below their caps, as `into` (unordered)."""
+        return await self._all("claim", {
             "limit": limit, "scan": scan, "per_target": per_target, "per_owner": per_owner,
             "lease": lease, "busy_ids": busy_ids, "busy_counts": busy_counts,
             "saturated": saturated, "degraded": degraded, "owner_names": owner_names,
             "owner_counts": owner_counts, "saturated_owners": saturated_owners},
-            class_row(into), "queue_settings")
+            row=class_row(into))
 
     async def next_due(self, *, saturated: list[int], saturated_owners: list[str]
                        ) -> float | None:
@@ -55,9 +54,8 @@ class WorkerQueries(AsyncQueries):
         return row["wait"] if row else None
 
     async def record(self, *, batch: str) -> None:
-        """Writes a JSON batch of finished attempts and their deliveries' new state.
-        Runs with the queue's planner settings (queue_settings), as the claim does."""
-        await self._all_planned("record", {"batch": batch}, dict_row, "queue_settings")
+        """Writes a JSON batch of finished attempts and their deliveries' new state."""
+        await self._run("record", {"batch": batch})
 
     async def stop_gone(self, *, subscription_ids: list[int]) -> None:
         """Deactivates the subscriptions whose targets answered that they are gone."""

@@ -28,7 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 from service.availability import wait_for_database
 from service.config import Settings
 from service.http import make_session
-from service.store import Store, StoreError, StoreRejected, make_pool
+from service.store import QUEUE_SETTINGS, Store, StoreError, StoreRejected, make_pool
 from service.worker import delivery
 from service.worker.attempts import Attempts
 from service.worker.backfill import backfill_loop
@@ -60,12 +60,18 @@ _worker_numbers = itertools.count(1)
 
 
 class Worker:
-    """Delivers webhooks with the given store and HTTP session until stop() is called."""
+    """Delivers webhooks with the given store and HTTP session until stop() is called.
+
+    The fan-out, the claims and the records run on `queue`, a store whose pool sets
+    QUEUE_SETTINGS (open_worker); `store` serves the rest. A queue on a plain pool works
+    the same, with plans as PostgreSQL picks them."""
 
     def __init__(self, settings: Settings, store: Store, session: aiohttp.ClientSession, *,
-                 concurrency: int, metrics: WorkerMetrics | None = None) -> None:
+                 concurrency: int, metrics: WorkerMetrics | None = None,
+                 queue: Store | None = None) -> None:
         self.settings = settings
         self.store = store
+        self.queue = queue or store
         self.stats = WorkerStats()
         self.metrics = metrics or WorkerMetrics()
         # Names this worker in webhooks.worker_tasks (several may run in one process).
@@ -80,7 +86,7 @@ class Worker:
         self.pacing = Pacing(self.slots, lease=settings.lease, scan=settings.batch_size)
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
-        self._recorder = Recorder(store, on_written=self._recorded)
+        self._recorder = Recorder(self.queue, on_written=self._recorded)
         self._attempts = Attempts(settings, session, self.slots, self._recorder,
                                   stats=self.stats, metrics=self.metrics, wake=self._slot_freed,
                                   stranded=self._wake.set)
@@ -212,7 +218,7 @@ class Worker:
             self.pacing.ask()
             return self.settings.poll_interval
         self.stats.round_trips += 1
-        claims = await delivery.claim_with(self.store, self.pacing.claim_params(wanted))
+        claims = await delivery.claim_with(self.queue, self.pacing.claim_params(wanted))
         return await self._start(claims, wanted, now, until_fanout)
 
     async def _start(self, claims: list[Claim], wanted: int, now: float,
@@ -249,7 +255,7 @@ class Worker:
             return None
         self.stats.round_trips += 1
         try:
-            batches, rows = await self.store.fanout_and_claim(
+            batches, rows = await self.queue.fanout_and_claim(
                 FanoutBatch, Claim,
                 fanout=fanout_params(self.settings.batch_size, self.settings.max_row_bytes),
                 claim=self.pacing.claim_params(wanted))
@@ -322,11 +328,17 @@ class Worker:
 @contextlib.asynccontextmanager
 async def open_worker(settings: Settings, *, concurrency: int,
                       metrics: WorkerMetrics | None = None) -> AsyncIterator[Worker]:
-    """A started Worker with its own pool and HTTP session, all closed on exit."""
+    """A started Worker with its own pools and HTTP session, all closed on exit."""
     pool = make_pool(settings.database_url, min_size=2,
                      max_size=max(2, settings.pool_size), name="worker")
-    await pool.open(wait=True)
-    try:
+    # The loop's fan-out and claim, and the recorder: one statement each at a time.
+    queue = make_pool(settings.database_url, min_size=2, max_size=2, name="worker-queue",
+                      settings=QUEUE_SETTINGS)
+    async with contextlib.AsyncExitStack() as stack:
+        await pool.open(wait=True)
+        stack.push_async_callback(pool.close)
+        await queue.open(wait=True)
+        stack.push_async_callback(queue.close)
         session = make_session(allow_private=settings.allow_private_targets,
                                max_connections=max(concurrency, 1),
                                dns_timeout=settings.dns_timeout,
@@ -335,18 +347,14 @@ async def open_worker(settings: Settings, *, concurrency: int,
                                # no timer of aiohttp's per request.
                                total_timeout=None,
                                connect_timeout=settings.delivery_timeout)
+        stack.push_async_callback(session.close)
+        worker = Worker(settings, Store(pool), session, concurrency=concurrency,
+                        metrics=metrics, queue=Store(queue))
+        worker.start()
         try:
-            worker = Worker(settings, Store(pool), session, concurrency=concurrency,
-                            metrics=metrics)
-            worker.start()
-            try:
-                yield worker
-            finally:
-                await worker.stop()
+            yield worker
         finally:
-            await session.close()
-    finally:
-        await pool.close()
+            await worker.stop()
 
 
 async def run_worker(settings: Settings, *, concurrency: int, metrics_port: int | None = None,

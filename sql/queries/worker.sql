@@ -12,14 +12,11 @@
 -- The claim pushes next_attempt_at to the lease expiry: if this worker dies, the delivery
 -- comes due again by itself. Deliveries of an inactive subscription are closed as failed
 -- instead of sent.
--- It runs on one generic plan, built once per connection (store.pool: planning it anew
--- took longer than running it, 0.8 ms with three days of partitions and 2.5 ms with a
--- week's), so its plan must be right whatever the statistics said when it was built
--- (a day's partition empty or never analysed, one subscription or 100,000): the store
--- runs it with sorts, sequential and bitmap scans off, so the due deliveries are read in
--- order from the due index and every other table is reached by index; the chosen rows
--- are updated by row address and each one's event found by one index probe. The
--- settings are queue_settings, below.
+-- It runs on one generic plan per connection, which must be right whatever the
+-- statistics said when it was built (QUEUE_SETTINGS in service/store/pool.py: sorts,
+-- sequential and bitmap scans off): the due deliveries are read in order from the due
+-- index, the chosen rows updated by row address in their own partition, and each one's
+-- subscription and event found by one index probe.
 WITH busy AS (
     SELECT sid, n FROM unnest(%(busy_ids)s::bigint[], %(busy_counts)s::int[]) AS b (sid, n)
 ), busy_owners AS (
@@ -96,19 +93,6 @@ UPDATE webhooks.deliveries d
 RETURNING d.id, d.attempts, d.subscription_id, c.owner, c.active, c.target, c.secret,
           c.name AS event, c.body, c.due, d.created_at, c.previous_secret
 
--- name: queue_settings --
--- The planner settings the claim and the record run with, for their transaction only:
--- each runs on one generic plan per connection, which must hold whatever the statistics
--- said when it was built (see claim).
-SELECT pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true),
-       pg_catalog.set_config('enable_sort', 'off', true),
-       pg_catalog.set_config('enable_seqscan', 'off', true),
-       pg_catalog.set_config('enable_bitmapscan', 'off', true)
-
--- name: generic_plan --
--- The next statements of the transaction run on their cached generic plans.
-SELECT pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true)
-
 -- name: next_due --
 -- Seconds until the earliest pending delivery of a subscription and owner not at their
 -- caps comes due (negative when one is due now), or NULL when none is pending.
@@ -130,9 +114,8 @@ SELECT extract(epoch FROM min(d.next_attempt_at) - now())::float8 AS wait
 -- The batch comes as one JSON array of [id, attempt, subscription_id, status, outcome,
 -- retry_in, attempted_at (epoch seconds), duration_ms, error, the delivery's created_at
 -- (its partition key, as text: exact to the microsecond)]: one parameter that Python
--- encodes in C, where ten typed arrays cost a Python call per element. Runs with
--- queue_settings, like the claim: its generic plan, built while a day's partition was
--- empty, would otherwise read every pending delivery of that day at each batch.
+-- encodes in C, where ten typed arrays cost a Python call per element. Runs on the
+-- worker's queue pool, like the claim (QUEUE_SETTINGS in service/store/pool.py).
 WITH r AS (
     SELECT (a ->> 0)::bigint AS id, (a ->> 1)::int AS attempt,
            (a ->> 2)::bigint AS subscription_id, (a ->> 3)::int AS status,

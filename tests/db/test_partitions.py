@@ -14,11 +14,12 @@ import psycopg
 import pytest
 
 from service import db
-from service.store import Store
+from service.store import QUEUE_SETTINGS, Store, make_pool
 from service.worker import pruning
+from service.worker.delivery import claim
 from service.worker.pruning import prune
 from tests.support.schema import migrate_to
-from tests.support.worker import open_pool
+from tests.support.worker import open_pool, running_worker
 
 DAY = 86400.0
 WEEK = 7 * DAY
@@ -418,6 +419,13 @@ def prepare(conn: psycopg.Connection, name: str, params: dict[str, Any]) -> str:
     return f"EXECUTE {name}({values})"
 
 
+def queue_settings(conn: psycopg.Connection) -> None:
+    """The settings of the worker's queue pool, on `conn`."""
+    for name, value in QUEUE_SETTINGS.items():
+        conn.execute(psycopg.sql.SQL("SET {} = {}").format(psycopg.sql.Identifier(name),
+                                                           psycopg.sql.Literal(value)))
+
+
 def most_rows(plan: dict[str, Any]) -> tuple[int, str]:
     """The most rows a node of an EXPLAIN (ANALYZE, FORMAT JSON) plan handled, and its type."""
     def nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -448,13 +456,12 @@ def test_claim_plan_holds_whatever_the_statistics(conn: psycopg.Connection,
     sid = subscription(conn)
     if built_on == "analysed empty":
         conn.execute("ANALYZE webhooks.deliveries, webhooks.events")
+    queue_settings(conn)
     claim = prepare(conn, "claim", CLAIM_PARAMS)
     with conn.transaction():
-        conn.execute(db.query("queue_settings"))
         assert conn.execute(claim).fetchall() == []  # the generic plan is built here
     backlog(conn, sid, 20000)
     conn.execute("BEGIN")
-    conn.execute(db.query("queue_settings"))
     row = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + claim).fetchone()
     conn.execute("ROLLBACK")
     assert row is not None
@@ -474,11 +481,9 @@ def test_record_plan_holds_whatever_the_statistics(conn: psycopg.Connection,
     sid = subscription(conn)
     if built_on == "analysed empty":
         conn.execute("ANALYZE webhooks.deliveries, webhooks.events, webhooks.attempts")
-    conn.execute("SET plan_cache_mode = force_generic_plan")  # as after five runs
+    queue_settings(conn)
     record = prepare(conn, "record", {"batch": "[]"})
-    with conn.transaction():
-        conn.execute(db.query("queue_settings"))
-        conn.execute(record)  # the generic plan is built here
+    conn.execute(record)  # the generic plan is built here
     backlog(conn, sid, 20000)
     batch = conn.execute(
         "SELECT jsonb_agg(jsonb_build_array(id, attempts, subscription_id, 200, 'succeeded',"
@@ -486,36 +491,39 @@ def test_record_plan_holds_whatever_the_statistics(conn: psycopg.Connection,
         "  FROM (SELECT * FROM webhooks.deliveries ORDER BY id LIMIT 100) d").fetchone()
     assert batch is not None
     record = record.replace("'[]'", psycopg.sql.quote(batch[0]))
-    conn.execute("BEGIN")
-    conn.execute(db.query("queue_settings"))
     row = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + record).fetchone()
-    conn.execute("COMMIT")
     assert row is not None
     assert most_rows(row[0][0]["Plan"])[0] <= 100, most_rows(row[0][0]["Plan"])
     assert conn.execute("SELECT count(*) FROM webhooks.deliveries"
                         " WHERE status = 'succeeded'").fetchone() == (100,)
 
 
-async def test_the_store_claims_on_generic_plans(db_url: str,
-                                                 conn: psycopg.Connection) -> None:
-    """Once psycopg has prepared the claim on a connection, every claim there runs on the
-    generic plan, and the connection's settings are as before."""
+async def test_the_worker_queue_runs_on_generic_plans(db_url: str,
+                                                     conn: psycopg.Connection) -> None:
+    """The worker's queue pool has QUEUE_SETTINGS, its other pool the server's; on a
+    connection with them, once psycopg has prepared the claim, every claim runs on the
+    generic plan."""
     subscription(conn)
-    async with open_pool(db_url, max_size=1) as pool:
-        store = Store(pool)
+    check = ("SELECT current_setting('plan_cache_mode'), current_setting('enable_sort'),"
+             " current_setting('enable_seqscan'), current_setting('enable_bitmapscan')")
+    async with running_worker(db_url) as worker:
+        async with worker.queue.pool.connection() as c:
+            queue = await (await c.execute(check)).fetchone()
+        async with worker.store.pool.connection() as c:
+            other = await (await c.execute(check)).fetchone()
+    assert queue == ("force_generic_plan", "off", "off", "off")
+    assert other == ("auto", "on", "on", "on")
+    pool = make_pool(db_url, max_size=1, settings=QUEUE_SETTINGS)
+    await pool.open(wait=True)
+    try:
         for _ in range(8):
-            assert await store.claim(dict, **{  # type: ignore[arg-type]
-                **CLAIM_PARAMS, "busy_ids": [], "busy_counts": [], "saturated": [],
-                "degraded": [], "owner_names": [], "owner_counts": [],
-                "saturated_owners": []}) == []
+            assert await claim(Store(pool), limit=1, per_target=1, busy={}, lease=60.0,
+                               scan=1) == []
         async with pool.connection() as c:
             cur = await c.execute(
                 "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
                 " WHERE statement LIKE '%%strict_heads%%'")
             plans = await cur.fetchall()
-            cur = await c.execute(
-                "SELECT current_setting('plan_cache_mode'), current_setting('enable_sort'),"
-                " current_setting('enable_seqscan'), current_setting('enable_bitmapscan')")
-            settings = await cur.fetchone()
+    finally:
+        await pool.close()
     assert len(plans) == 1 and plans[0][0] >= 1 and plans[0][1] == 0, plans
-    assert settings == ("auto", "on", "on", "on")
