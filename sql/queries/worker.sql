@@ -260,10 +260,10 @@ SELECT pg_advisory_unlock(%(key)s)
 
 -- name: analyze_current --
 -- A burst has made many deliveries since autovacuum last looked: the partitions being
--- filled are analysed now, so the claim's plan knows the due deliveries are many (taken
--- for few, it would sort them all at every claim instead of reading the due index in
--- order). Cheap (ANALYZE samples), and a role that does not own them is told so in a
--- warning, not an error.
+-- filled are analysed now, so that plans made for what the statistics say (the API's
+-- delivery log, next_due, the status counts) know the due deliveries are many; the
+-- worker's queue statements hold whatever the statistics (QUEUE_SETTINGS). Cheap (ANALYZE
+-- samples), and a role that does not own them is told so in a warning, not an error.
 DO $$
 DECLARE
     p text;
