@@ -219,13 +219,13 @@ class Worker:
             return self.settings.poll_interval
         self.stats.round_trips += 1
         claims = await delivery.claim_with(self.queue, self.pacing.claim_params(wanted))
-        return await self._start(claims, wanted, now, until_fanout)
-
-    async def _start(self, claims: list[Claim], wanted: int, now: float,
-                     until_fanout: float) -> float:
-        """Starts the attempts of a claim that asked for `wanted`; returns how long to wait
-        (asking when the next delivery is due when the claim found nothing)."""
         self._attempts.start(claims)
+        return await self._paced(claims, wanted, now, until_fanout)
+
+    async def _paced(self, claims: list[Claim], wanted: int, now: float,
+                     until_fanout: float) -> float:
+        """How long to wait after a claim that asked for `wanted` (its attempts started),
+        asking when the next delivery is due when the claim found nothing."""
         wait = self.pacing.claimed(claims, wanted, now)
         if wait is None:
             self.stats.round_trips += 1
@@ -268,12 +268,17 @@ class Worker:
             self.wakeup.fanout_failed()
             raise
         (batch,) = batches
+        # The claims are this worker's from the commit on: sent whatever the bookkeeping
+        # below meets (arming the wakeup row may fail on another connection, and the
+        # claims would then wait out their lease).
+        claims = delivery.in_start_order(rows)
+        self._attempts.start(claims)
         await self._fanned_out(batch.taken, batch.changes, batch.created, batch.locked)
         if batch.locked and batch.taken >= self.settings.batch_size:
             self.wakeup.notified()  # a backlog: the next step takes the next batch
         now = loop.time()
         until_fanout = max(self.wakeup.until_fanout(now), MIN_WAIT)
-        return await self._start(delivery.in_start_order(rows), wanted, now, until_fanout)
+        return await self._paced(claims, wanted, now, until_fanout)
 
     async def _fan_out(self) -> None:
         self.stats.round_trips += 1
