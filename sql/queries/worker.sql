@@ -87,6 +87,7 @@ UPDATE webhooks.deliveries d
        status = CASE WHEN c.active THEN 'pending' ELSE 'failed' END,
        finished_at = CASE WHEN c.active THEN NULL ELSE now() END
   FROM chosen c
+ -- The array gives each partition a TID scan whatever the join order (as the record's).
  WHERE d.ctid = ANY (ARRAY(SELECT t.tid FROM chosen t))
    AND d.created_at = c.created_at  -- the delivery's partition only
    AND d.tableoid = c.part AND d.ctid = c.tid

@@ -363,6 +363,16 @@ def test_any_session_time_zone_and_date_style(conn: psycopg.Connection) -> None:
     assert len(rows) >= 3 and {r[0].hour for r in rows} == {0}
 
 
+def most_rows(plan: dict[str, Any]) -> tuple[int, str]:
+    """The most rows a node of an EXPLAIN (ANALYZE, FORMAT JSON) plan handled, and its type."""
+    def nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        yield node
+        for child in node.get("Plans", []):
+            yield from nodes(child)
+
+    return max((n["Actual Rows"] * n["Actual Loops"], n["Node Type"]) for n in nodes(plan))
+
+
 def test_record_touches_only_the_batch_whatever_the_statistics(
         conn: psycopg.Connection) -> None:
     """The recorder's statement reads each recorded delivery by its key, even right after a
@@ -383,14 +393,7 @@ def test_record_touches_only_the_batch_whatever_the_statistics(
         rows = cur.execute(b"EXPLAIN (ANALYZE, FORMAT JSON) " + db.query("record").encode(),
                            {"batch": psycopg.types.json.Jsonb(batch[0])}).fetchone()
     assert rows is not None
-
-    def nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        yield node
-        for child in node.get("Plans", []):
-            yield from nodes(child)
-
-    handled = max((n["Actual Rows"] * n["Actual Loops"], n["Node Type"])
-                  for n in nodes(rows[0][0]["Plan"]))
+    handled = most_rows(rows[0][0]["Plan"])
     assert handled[0] <= 2000, handled
     done = conn.execute("SELECT count(*) FILTER (WHERE status = 'succeeded'),"
                         " (SELECT count(*) FROM webhooks.attempts)"
@@ -426,16 +429,6 @@ def queue_settings(conn: psycopg.Connection) -> None:
                                                            psycopg.sql.Literal(value)))
 
 
-def most_rows(plan: dict[str, Any]) -> tuple[int, str]:
-    """The most rows a node of an EXPLAIN (ANALYZE, FORMAT JSON) plan handled, and its type."""
-    def nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        yield node
-        for child in node.get("Plans", []):
-            yield from nodes(child)
-
-    return max((n["Actual Rows"] * n["Actual Loops"], n["Node Type"]) for n in nodes(plan))
-
-
 def backlog(conn: psycopg.Connection, sid: int, n: int) -> None:
     """n pending deliveries to `sid`, each of its own event, made now."""
     conn.execute("INSERT INTO webhooks.events (id, hook_resource, name, occurred_at, body)"
@@ -448,7 +441,7 @@ def backlog(conn: psycopg.Connection, sid: int, n: int) -> None:
 @pytest.mark.parametrize("built_on", ["analysed empty", "never analysed"])
 def test_claim_plan_holds_whatever_the_statistics(conn: psycopg.Connection,
                                                   built_on: str) -> None:
-    """The claim runs on one generic plan per connection (store.fanout_and_claim): built
+    """The claim runs on one generic plan per connection (the worker's queue pool): built
     while the day's partition was empty, it still reads the due deliveries of a 20,000
     backlog in order from the due index and reaches each row it takes by key or address:
     no plan node handles more rows than the claim scans (a sort of the queue handles them
