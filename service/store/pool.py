@@ -106,12 +106,14 @@ class Store(Queries):
         and neither is committed. Run on the worker's queue pool (QUEUE_SETTINGS), both
         run on their generic plans."""
         with translated():
-            async with self.pool.connection() as conn, conn.pipeline() as pipe:
-                first = conn.cursor(row_factory=class_row(batch))
-                await first.execute(query("fanout"), fanout)
-                second = conn.cursor(row_factory=class_row(claimed))
-                await second.execute(query("claim"), claim)
-                await pipe.sync()
+            async with self.pool.connection() as conn:
+                # The pipeline's exit sends the one Sync and reads both results: a sync()
+                # inside the block would cost a second round trip, for the exit's own.
+                async with conn.pipeline():
+                    first = conn.cursor(row_factory=class_row(batch))
+                    await first.execute(query("fanout"), fanout)
+                    second = conn.cursor(row_factory=class_row(claimed))
+                    await second.execute(query("claim"), claim)
                 return await first.fetchall(), await second.fetchall()
 
 
