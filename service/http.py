@@ -1,11 +1,11 @@
-"""The outbound HTTP clients: the handshake's and the worker's.
+"""The outbound HTTP client of the handshake, and what every outbound request shares.
 
-The handshake uses httpx's API over aiohttp's transport (httpx-aiohttp). The worker posts
-through an aiohttp session directly: measured on 2 cores, httpx's own transport posts 5 to
-20 times slower than aiohttp, and even over the aiohttp transport httpx's request and
-response objects took about half of the worker's CPU (see bench/README.md). Either way
-redirects are never followed and every connection passes the SSRF guard, for host names
-(GuardedResolver, at connection time) and for IP literals (check_literal).
+The handshake uses httpx's API over aiohttp's transport (httpx-aiohttp); measured on 2
+cores, httpx's own transport posts 5 to 20 times slower than aiohttp (see
+bench/README.md). The worker's deliveries go through libcurl instead (service/curl.py),
+which costs about two thirds of aiohttp's CPU per POST. Either way redirects are never
+followed and every connection passes the SSRF guard, for host names (GuardedResolver, at
+connection time) and for IP literals (check_literal).
 """
 
 from __future__ import annotations

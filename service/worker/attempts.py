@@ -15,10 +15,9 @@ import time
 import traceback
 from collections.abc import Callable
 
-import aiohttp
-
 from service.config import Settings
 from service.crypto import SecretBox, SecretsError
+from service.curl import CurlClient
 from service.worker import delivery
 from service.worker.delivery import Claim, Outcome
 from service.worker.metrics import WorkerMetrics, WorkerStats
@@ -49,7 +48,7 @@ class Attempts:
     happens the claim's slot is freed, the next waiting claims are sent and the loop woken.
     """
 
-    def __init__(self, settings: Settings, session: aiohttp.ClientSession, slots: Slots,
+    def __init__(self, settings: Settings, session: CurlClient, slots: Slots,
                  recorder: Recorder, *, stats: WorkerStats, metrics: WorkerMetrics,
                  wake: Callable[[], None], stranded: Callable[[], None]) -> None:
         self.settings = settings

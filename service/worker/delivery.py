@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
 
-import aiohttp
 from yarl import URL
 
 from service.config import Settings
+from service.curl import AttemptError, CurlClient
 from service.http import check_literal
 from service.logs import redact
 from service.outcomes import Answer, classify
@@ -157,7 +157,7 @@ def target_url(target: str, allow_private: bool) -> URL:
     return url
 
 
-async def send(session: aiohttp.ClientSession, c: Claim, secret: str, settings: Settings,
+async def send(session: CurlClient, c: Claim, secret: str, settings: Settings,
                previous: str | None = None, *,
                expired: Callable[[], bool] | None = None) -> Outcome:
     """Makes one POST attempt of the claimed delivery, signed with `secret` (the plain one)
@@ -181,10 +181,12 @@ async def send(session: aiohttp.ClientSession, c: Claim, secret: str, settings: 
         if expired is None:
             # One bound for the whole attempt: connect, send, answer.
             async with asyncio.timeout(settings.delivery_timeout):
-                status, retry_after, error = await _post(session, url, body, headers)
+                status, retry_after, error = await _post(session, url, body, headers,
+                                                         settings.delivery_timeout)
         else:
             try:
-                status, retry_after, error = await _post(session, url, body, headers)
+                status, retry_after, error = await _post(session, url, body, headers,
+                                                         settings.delivery_timeout)
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 # A cancellation that is not (only) the deadline's goes on.
@@ -195,7 +197,9 @@ async def send(session: aiohttp.ClientSession, c: Claim, secret: str, settings: 
         status, error = 0, f"timed out after {settings.delivery_timeout:g}s"
     except TargetRejected as exc:
         status, error = 0, str(exc)
-    except (aiohttp.ClientError, OSError, ValueError) as exc:
+    except AttemptError as exc:
+        status, error = 0, str(exc)
+    except (OSError, ValueError) as exc:
         status, error = 0, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     duration_ms = (time.perf_counter() - started) * 1000.0
     if error is not None:
@@ -204,20 +208,17 @@ async def send(session: aiohttp.ClientSession, c: Claim, secret: str, settings: 
                   attempted_at=now, duration_ms=duration_ms, error=error)
 
 
-async def _post(session: aiohttp.ClientSession, url: URL, body: bytes,
-                headers: dict[str, str]) -> tuple[int, str | None, str | None]:
+async def _post(session: CurlClient, url: URL, body: bytes, headers: dict[str, str],
+                timeout: float) -> tuple[int, str | None, str | None]:
     """One POST: (status, Retry-After, the start of the body when not 2xx)."""
-    async with session.post(url, data=body, headers=headers,
-                            allow_redirects=False) as response:
-        status = response.status
-        retry_after = response.headers.get("Retry-After")
-        # Read a little even on success, so the connection can be reused.
-        text = await response.content.read(BODY_LIMIT)
-        if 200 <= status < 300:
-            return status, retry_after, None
-        # Raw bytes, as sent: never decompressed (none are asked for, and the session
-        # does not inflate), made storable by record().
-        return status, retry_after, text.decode("utf-8", errors="replace")
+    status, retry_after, text = await session.post(
+        str(url), url.raw_host or "", url.port or 0, body,
+        [f"{name}: {value}" for name, value in headers.items()], timeout)
+    if 200 <= status < 300:
+        return status, retry_after, None
+    # Raw bytes, as sent: never decompressed (none are asked for, and the client does not
+    # inflate), made storable by record().
+    return status, retry_after, text.decode("utf-8", errors="replace")
 
 
 def crashed(c: Claim, settings: Settings, exc: BaseException, attempted_at: float,

@@ -22,12 +22,11 @@ import signal
 import socket
 from collections.abc import AsyncIterator
 
-import aiohttp
 from psycopg_pool import AsyncConnectionPool
 
 from service.availability import wait_for_database
 from service.config import Settings
-from service.http import make_session
+from service.curl import CurlClient
 from service.store import QUEUE_SETTINGS, Store, StoreError, StoreRejected, make_pool
 from service.worker import delivery
 from service.worker.attempts import Attempts
@@ -66,7 +65,7 @@ class Worker:
     QUEUE_SETTINGS (open_worker); `store` serves the rest. A queue on a plain pool works
     the same, with plans as PostgreSQL picks them."""
 
-    def __init__(self, settings: Settings, store: Store, session: aiohttp.ClientSession, *,
+    def __init__(self, settings: Settings, store: Store, session: CurlClient, *,
                  concurrency: int, metrics: WorkerMetrics | None = None,
                  queue: Store | None = None) -> None:
         self.settings = settings
@@ -344,14 +343,12 @@ async def open_worker(settings: Settings, *, concurrency: int,
         stack.push_async_callback(pool.close)
         await queue.open(wait=True)
         stack.push_async_callback(queue.close)
-        session = make_session(allow_private=settings.allow_private_targets,
-                               max_connections=max(concurrency, 1),
-                               dns_timeout=settings.dns_timeout,
-                               dns_servers=settings.dns_servers,
-                               # The senders' watchdog bounds each attempt (attempts.py):
-                               # no timer of aiohttp's per request.
-                               total_timeout=None,
-                               connect_timeout=settings.delivery_timeout)
+        session = CurlClient(allow_private=settings.allow_private_targets,
+                             max_connections=max(concurrency, 1),
+                             dns_timeout=settings.dns_timeout,
+                             dns_servers=settings.dns_servers,
+                             connect_timeout=settings.delivery_timeout,
+                             body_limit=delivery.BODY_LIMIT)
         stack.push_async_callback(session.close)
         worker = Worker(settings, Store(pool), session, concurrency=concurrency,
                         metrics=metrics, queue=Store(queue))

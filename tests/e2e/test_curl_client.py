@@ -1,0 +1,176 @@
+"""The worker's HTTP client (service/curl.py) against real servers on 127.0.0.1: what it
+never does (follow redirects, use a proxy, keep cookies, connect where the guard says no,
+read more than its limits) and that it stays usable after a cancelled or failed POST."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+
+import pytest
+from aiohttp import web
+
+from service.curl import MAX_HEADER_BYTES, AttemptError, CurlClient
+from service.ssrf import TargetRejected
+from tests.support.receivers import Received, Receiver, status
+
+JSON = ["Content-Type: application/json"]
+
+
+@asynccontextmanager
+async def client(**kwargs: object) -> AsyncIterator[CurlClient]:
+    options: dict[str, object] = {"allow_private": True, "max_connections": 8,
+                                  "body_limit": 1024}
+    options.update(kwargs)
+    curl = CurlClient(**options)  # type: ignore[arg-type]
+    try:
+        yield curl
+    finally:
+        await curl.close()
+
+
+def port_of(url: str) -> int:
+    return int(url.split(":")[2].split("/")[0])
+
+
+async def post(curl: CurlClient, url: str, timeout: float = 5.0
+               ) -> tuple[int, str | None, bytes]:
+    host = url.split("/")[2].rsplit(":", 1)[0]
+    return await curl.post(url, host, port_of(url), b'{"a": 1}', JSON, timeout)
+
+
+@pytest.fixture
+def listening_socket() -> Iterator[socket.socket]:
+    """A TCP socket on 127.0.0.1 that accepts nothing: a proxy that must never be used."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        sock.setblocking(False)
+        yield sock
+
+
+def connections(sock: socket.socket) -> int:
+    """How many connections wait on `sock`."""
+    count = 0
+    while True:
+        try:
+            conn, _ = sock.accept()
+        except BlockingIOError:
+            return count
+        conn.close()
+        count += 1
+
+
+async def test_posts_and_reuses_its_connection() -> None:
+    peers: set[tuple[str, int]] = set()
+
+    async def answer(req: Received) -> web.StreamResponse:
+        assert req.request is not None and req.request.transport is not None
+        peers.add(req.request.transport.get_extra_info("peername"))
+        return web.Response(status=201, text="ok")
+
+    async with Receiver(behaviour=answer) as receiver, client() as curl:
+        for _ in range(5):
+            assert await post(curl, receiver.url) == (201, None, b"ok")
+        assert len(receiver.received) == 5
+        assert receiver.received[0].body == b'{"a": 1}'
+        assert receiver.received[0].headers["Content-Type"] == "application/json"
+        assert receiver.received[0].headers["Accept-Encoding"] == "identity"
+        assert "Expect" not in receiver.received[0].headers
+        assert len(peers) == 1  # one keep-alive connection for all five
+
+
+async def test_never_follows_a_redirect() -> None:
+    async with Receiver() as elsewhere, \
+            Receiver(behaviour=status(307, {"Location": elsewhere.url})) as target, \
+            client() as curl:
+        code, _, _ = await post(curl, target.url)
+        assert code == 307
+        assert len(target.received) == 1 and elsewhere.received == []
+
+
+async def test_never_uses_a_proxy_from_the_environment(
+        monkeypatch: pytest.MonkeyPatch, listening_socket: socket.socket) -> None:
+    proxy = f"http://127.0.0.1:{listening_socket.getsockname()[1]}"
+    for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy",
+                 "ALL_PROXY"):
+        monkeypatch.setenv(name, proxy)
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    async with Receiver() as receiver, client() as curl:
+        assert (await post(curl, receiver.url))[0] == 200
+    assert len(receiver.received) == 1
+    assert connections(listening_socket) == 0
+
+
+async def test_keeps_no_cookie() -> None:
+    async with Receiver(behaviour=status(200, {"Set-Cookie": "session=abc; Path=/"})
+                        ) as receiver, client() as curl:
+        await post(curl, receiver.url)
+        await post(curl, receiver.url)
+    assert all("Cookie" not in r.headers for r in receiver.received)
+
+
+async def test_the_guard_checks_every_socket_before_it_connects() -> None:
+    # IP literals are checked before the client (delivery.target_url); the client checks
+    # again, at connect time, whatever address it is about to reach.
+    async with Receiver() as receiver, client(allow_private=False) as curl:
+        with pytest.raises(TargetRejected, match="loopback"):
+            await post(curl, receiver.url)
+        with pytest.raises(TargetRejected, match="loopback"):
+            await post(curl, f"http://localhost:{port_of(receiver.url)}/hook")
+    assert receiver.received == []
+
+
+async def test_reads_at_most_its_limits() -> None:
+    async def big(req: Received) -> web.StreamResponse:
+        return web.Response(status=500, body=b"x" * 1_000_000,
+                            headers={"Retry-After": "7"})
+
+    async def wide(req: Received) -> web.StreamResponse:
+        return web.Response(status=500, headers={
+            f"X-Junk-{n}": "a" * 1000 for n in range(MAX_HEADER_BYTES // 1000 + 2)})
+
+    async with Receiver(behaviour=big) as large, Receiver(behaviour=wide) as many, \
+            client() as curl:
+        code, retry_after, body = await post(curl, large.url)
+        assert (code, retry_after, body) == (500, "7", b"x" * 1024)
+        with pytest.raises(AttemptError, match="headers exceed"):
+            await post(curl, many.url)
+        # Still usable after both.
+        assert (await post(curl, large.url))[0] == 500
+
+
+async def test_a_timeout_a_refusal_and_a_cancellation_leave_it_usable() -> None:
+    release = asyncio.Event()
+
+    async def hang(req: Received) -> web.StreamResponse:
+        await release.wait()
+        return web.Response(status=200)
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        refused = f"http://127.0.0.1:{closed.getsockname()[1]}/"
+    async with Receiver(behaviour=hang) as hanging, Receiver() as healthy, client() as curl:
+        try:
+            with pytest.raises(TimeoutError):
+                await post(curl, hanging.url, timeout=0.3)
+            with pytest.raises(AttemptError, match="cannot connect"):
+                await post(curl, refused)
+            task = asyncio.create_task(post(curl, hanging.url))
+            await hanging.wait_for(lambda r: len(r.received) == 2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert (await post(curl, healthy.url))[0] == 200
+        finally:
+            release.set()  # the hanging handlers end before their server stops
+
+
+async def test_a_name_that_does_not_resolve_is_an_attempt_error() -> None:
+    async with client() as curl:
+        with pytest.raises(AttemptError, match="does not resolve"):
+            await curl.post("http://no-such-host.invalid/", "no-such-host.invalid", 80,
+                            b"{}", JSON, 5.0)
