@@ -1,16 +1,25 @@
 """The worker's HTTP client (service/curl.py) against real servers on 127.0.0.1: what it
 never does (follow redirects, use a proxy, keep cookies, connect where the guard says no,
-read more than its limits) and that it stays usable after a cancelled or failed POST."""
+trust a certificate no CA signed, read more than its limits) and that it stays usable
+after a cancelled or failed POST."""
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
+import ssl
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from aiohttp import web
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from service.curl import MAX_HEADER_BYTES, AttemptError, CurlClient
 from service.ssrf import TargetRejected
@@ -174,3 +183,49 @@ async def test_a_name_that_does_not_resolve_is_an_attempt_error() -> None:
         with pytest.raises(AttemptError, match="does not resolve"):
             await curl.post("http://no-such-host.invalid/", "no-such-host.invalid", 80,
                             b"{}", JSON, 5.0)
+
+
+def self_signed(directory: Path) -> ssl.SSLContext:
+    """A server TLS context with a certificate for 127.0.0.1 that no CA signed."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.now(UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - timedelta(days=1)).not_valid_after(now + timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_file, key_file = directory / "cert.pem", directory / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert_file, key_file)
+    return context
+
+
+async def test_verifies_the_target_certificate(tmp_path: Path) -> None:
+    received: list[bytes] = []
+
+    async def hook(request: web.Request) -> web.Response:
+        received.append(await request.read())
+        return web.Response(status=200)
+
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=self_signed(tmp_path))
+    await site.start()
+    try:
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        async with client() as curl:
+            with pytest.raises(AttemptError,
+                               match=r"TLS with 127\.0\.0\.1:\d+ failed: .*certificate"):
+                await curl.post(f"https://127.0.0.1:{port}/hook", "127.0.0.1", port, b"{}",
+                                JSON, 5.0)
+        assert received == []
+    finally:
+        await runner.cleanup()
