@@ -31,7 +31,7 @@ from typing import Any
 import pycurl
 
 from service.http import USER_AGENT
-from service.ssrf import DNS_TIMEOUT, GuardedResolver, TargetRejected, check_address
+from service.ssrf import DNS_TIMEOUT, GuardedResolver, TargetRejected, check_address, is_literal
 
 # Sent with every POST: no compressed answer is asked for (it would only be stored as
 # bytes, and a small compressed body can inflate hugely), and no 100-continue round trip.
@@ -207,8 +207,7 @@ class CurlClient:
     async def _resolve(self, host: str, port: int) -> list[str]:
         """The CURLOPT_RESOLVE entry that pins `host:port` to its checked addresses (none for
         an IP literal), from a cache of DNS_TTL seconds."""
-        bare = host.strip("[]")
-        if _is_ip(bare):
+        if is_literal(host):
             return []
         now = time.monotonic()
         cached = self._names.get((host, port))
@@ -320,14 +319,6 @@ def _error(transfer: _Transfer, code: int, message: str) -> Exception:
                  pycurl.E_SSL_CONNECT_ERROR):
         return AttemptError(f"TLS with {transfer.where} failed: {message}")
     return AttemptError(message or f"transfer failed (libcurl error {code})")
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        socket.inet_pton(socket.AF_INET6 if ":" in host else socket.AF_INET, host)
-    except (OSError, ValueError):
-        return False
-    return True
 
 
 def _ignore(data: bytes) -> None:

@@ -64,13 +64,12 @@ class _Connector(aiohttp.TCPConnector):
 
 
 def make_session(*, allow_private: bool, max_connections: int = 100, per_host: int = 0,
-                 dns_timeout: float = DNS_TIMEOUT, dns_servers: Sequence[str] = (),
-                 total_timeout: float | None = 300.0, connect_timeout: float | None = 30.0
+                 dns_timeout: float = DNS_TIMEOUT, dns_servers: Sequence[str] = ()
                  ) -> aiohttp.ClientSession:
     """An aiohttp session: guarded asynchronous resolution (each lookup bounded by
     `dns_timeout`), no cookies kept, no compression asked for and none undone. A request
-    takes at most `total_timeout` seconds unless the caller bounds it (None: the caller
-    must), its connection at most `connect_timeout`.
+    takes at most 300 seconds unless the caller bounds it sooner, its connection at most
+    30.
 
     Create it inside the event loop that will use it, and close it with `close()`.
     """
@@ -82,8 +81,7 @@ def make_session(*, allow_private: bool, max_connections: int = 100, per_host: i
     )
     return aiohttp.ClientSession(connector=connector, auto_decompress=False, trust_env=False,
                                  cookie_jar=aiohttp.DummyCookieJar(), headers=HEADERS,
-                                 timeout=aiohttp.ClientTimeout(total=total_timeout,
-                                                               sock_connect=connect_timeout))
+                                 timeout=aiohttp.ClientTimeout(total=300.0, sock_connect=30.0))
 
 
 class GuardedTransport(httpx.AsyncBaseTransport):

@@ -112,12 +112,12 @@ def check_address(host: str, address: str) -> None:
         raise TargetRejected(f"target host {host} resolved to an invalid address") from None
     reason = forbidden_reason(ip)
     if reason is not None:
-        what = f"target {host} is" if _literal(host) else f"target host {host} resolves to"
+        what = f"target {host} is" if is_literal(host) else f"target host {host} resolves to"
         raise TargetRejected(f"{what} {_a(reason)} address; only public addresses are "
                              "allowed (WEBHOOKS_ALLOW_PRIVATE_TARGETS)")
 
 
-def _literal(host: str) -> bool:
+def is_literal(host: str) -> bool:
     """Whether `host` is an IP address written as such (in any form getaddrinfo reads)."""
     return _numeric(host.strip("[]"), 0, socket.AF_UNSPEC) is not None
 

@@ -195,9 +195,7 @@ async def send(session: CurlClient, c: Claim, secret: str, settings: Settings,
                 raise TimeoutError from None
     except TimeoutError:
         status, error = 0, f"timed out after {settings.delivery_timeout:g}s"
-    except TargetRejected as exc:
-        status, error = 0, str(exc)
-    except AttemptError as exc:
+    except (TargetRejected, AttemptError) as exc:
         status, error = 0, str(exc)
     except (OSError, ValueError) as exc:
         status, error = 0, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
