@@ -6,9 +6,11 @@ after a cancelled or failed POST."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import socket
 import ssl
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -142,10 +144,22 @@ async def test_reads_at_most_its_limits() -> None:
         return web.Response(status=500, headers={
             f"X-Junk-{n}": "a" * 1000 for n in range(MAX_HEADER_BYTES // 1000 + 2)})
 
+    async def endless(req: Received) -> web.StreamResponse:
+        assert req.request is not None
+        response = web.StreamResponse(status=500)
+        await response.prepare(req.request)
+        until = time.monotonic() + 10.0  # past the POST's timeout below
+        with contextlib.suppress(ConnectionError):
+            while time.monotonic() < until:
+                await response.write(b"y" * 65536)
+        return response
+
     async with Receiver(behaviour=big) as large, Receiver(behaviour=wide) as many, \
-            client() as curl:
+            Receiver(behaviour=endless) as stream, client() as curl:
         code, retry_after, body = await post(curl, large.url)
         assert (code, retry_after, body) == (500, "7", b"x" * 1024)
+        # The body is not read past the limit: a body that never ends is no timeout.
+        assert await post(curl, stream.url, timeout=5.0) == (500, None, b"y" * 1024)
         with pytest.raises(AttemptError, match="headers exceed"):
             await post(curl, many.url)
         # Still usable after both.
