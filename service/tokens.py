@@ -6,7 +6,9 @@ import hashlib
 import hmac
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 
@@ -67,7 +69,12 @@ async def authenticate(store: Store, token: str) -> Principal | None:
     if not well_formed(token):
         return None
     digest = hash_token(token)
-    row = await store.lookup_token(token_hash=digest)
+    return principal_of(await store.lookup_token(token_hash=digest), digest)
+
+
+def principal_of(row: Sequence[Any] | None, digest: bytes) -> Principal | None:
+    """The principal of a token row looked up by `digest` (id, owner, tenant, hash first),
+    or None when there is none."""
     # The lookup is by hash, so timing reveals nothing of the token; compare again in
     # constant time so that no future change of the lookup can make it leak.
     if row is None or not hmac.compare_digest(bytes(row[3]), digest):

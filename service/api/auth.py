@@ -3,7 +3,8 @@ per-token request rate limit. Handlers receive the result as the `principal` dep
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from litestar import Request
 from litestar.datastructures import State
@@ -16,6 +17,7 @@ from service.store import Store
 from service.tokens import Principal
 
 StoreDep = NamedDependency[Store]
+T = TypeVar("T")
 
 # One message for every token that is not a valid one (malformed, wrong length, unknown,
 # revoked), so answers tell an attacker nothing about how close a guess came.
@@ -26,6 +28,14 @@ async def provide_principal(request: Request[Any, Any, Any], store: StoreDep,
                             state: State) -> Principal:
     """The caller named by `Authorization: Bearer <token>`: 401 without a valid token, 429
     when the token is over its request rate."""
+    token = bearer_token(request)
+    principal = await tokens.authenticate(store, token) if tokens.well_formed(token) else None
+    return admit(principal, state)
+
+
+def bearer_token(request: Request[Any, Any, Any]) -> str:
+    """The token of the request's `Authorization: Bearer` header (401 without one). The
+    reads that check it in their own statement (the subscription GETs) start here."""
     header = request.headers.get("authorization")
     if header is None:
         raise ApiError(401, "missing Authorization header: send Authorization: Bearer <token>",
@@ -35,9 +45,12 @@ async def provide_principal(request: Request[Any, Any, Any], store: StoreDep,
     if scheme.lower() != "bearer" or not token:
         raise ApiError(401, "Authorization header must have the form: Bearer <token>",
                        {"WWW-Authenticate": AUTHENTICATE})
-    principal = None
-    if tokens.well_formed(token):
-        principal = await tokens.authenticate(store, token)
+    return token
+
+
+def admit(principal: Principal | None, state: State) -> Principal:
+    """The principal of a looked-up token: 401 when there is none (malformed, unknown,
+    revoked), 429 when the token is over its request rate."""
     if principal is None:
         raise ApiError(401, INVALID_TOKEN,
                        {"WWW-Authenticate": AUTHENTICATE + ', error="invalid_token"'})
@@ -49,3 +62,18 @@ async def provide_principal(request: Request[Any, Any, Any], store: StoreDep,
                             f"WEBHOOKS_RATE_BURST); retry after {retry_after(wait)} s",
                        {"Retry-After": retry_after(wait)})
     return principal
+
+
+async def admitted_read(request: Request[Any, Any, Any], store: Store, state: State,
+                        read: Callable[[bytes], Awaitable[tuple[Sequence[Any] | None, T]]]
+                        ) -> tuple[Principal, T]:
+    """A read that checks the request's token in its own statement (one round trip):
+    `read(token_hash)` returns the token's row (id, owner, tenant, hash first; None when
+    unknown or revoked) and what it read for that token's owner. Answers 401 and 429 as
+    provide_principal does; a request whose token is malformed reads nothing."""
+    token = bearer_token(request)
+    if not tokens.well_formed(token):
+        admit(None, state)
+    digest = tokens.hash_token(token)
+    row, found = await read(digest)
+    return admit(tokens.principal_of(row, digest), state), found

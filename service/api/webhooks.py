@@ -10,12 +10,14 @@ from urllib.parse import urlencode
 
 import httpx
 from litestar import MediaType, Request, Response, delete, get, post, put
+from litestar.datastructures import State
 from litestar.di import NamedDependency
 from litestar.params import Parameter
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from service import events, filters
+from service.api.auth import admitted_read, provide_principal
 from service.api.errors import ApiError, error_responses
 from service.api.handshake import HandshakeFailed, new_secret, verify
 from service.api.metrics import ApiMetrics
@@ -217,39 +219,43 @@ def _subscription_id(text: str) -> int:
      responses=error_responses(*API_ERRORS))
 async def list_webhooks(
     request: Request[Any, Any, Any],
-    principal: PrincipalDep,
     store: StoreDep,
     settings: SettingsDep,
+    state: State,
     resource: Annotated[str | None, Parameter(description="only this resource")] = None,
     active: Annotated[str | None, Parameter(description="true or false")] = None,
     limit: Annotated[str | None, Parameter(description="1 to 1000, default 100")] = None,
     after: Annotated[str | None, Parameter(
         description="only ids greater than this (the Link header's next page)")] = None,
 ) -> Response[list[Subscription]]:
-    """The caller's subscriptions, oldest first; a `Link: <...>; rel="next"` when more remain."""
-    check_single(request.query_params.dict(), ("resource", "active", "limit", "after"))
-    wanted = parse_limit(limit)
-    rows = await store.list_subscriptions(
-        owner=principal.owner, tenant=principal.tenant,
-        resource=query_text("resource", resource), active=parse_active(active),
-        after=parse_after(after), limit=wanted + 1)
-    page = rows[:wanted]
-    # A page stops early, after the row that passes the byte budget (a page always holds
-    # one row): the next one starts after it, so paging still sees every row once.
-    size = 0
-    for n, (_, doc) in enumerate(page):
-        size += len(doc.encode()) + 1
-        if size > settings.max_page_bytes:
-            page = page[:n + 1]
-            break
+    """The caller's subscriptions, oldest first; a `Link: <...>; rel="next"` when more remain.
+    The token is checked in the page's own statement (one round trip)."""
+    try:
+        check_single(request.query_params.dict(), ("resource", "active", "limit", "after"))
+        wanted, kind, is_active, start = (parse_limit(limit), query_text("resource", resource),
+                                          parse_active(active), parse_after(after))
+    except ApiError:
+        await provide_principal(request, store, state)  # 401 and 429 come first
+        raise
+
+    async def read(digest: bytes) -> tuple[tuple[Any, ...] | None, tuple[Any, ...] | None]:
+        row = await store.list_subscriptions(
+            token_hash=digest, resource=kind, active=is_active, after=start, limit=wanted,
+            max_bytes=settings.max_page_bytes)
+        return row, row
+
+    _, row = await admitted_read(request, store, state, read)
+    assert row is not None  # admitted: the token's row came
+    # Postgres built the page (webhooks.subscription_json per row), stopping after the
+    # row that passes the byte budget: a page always holds one row, and the next one
+    # starts after it, so paging still sees every row once.
+    body, last_id, more = row[4], row[5], row[6]
     headers = {}
-    if len(rows) > len(page):
+    if more:
         query = {k: v for k, v in (("resource", resource), ("active", active)) if v is not None}
-        query.update(limit=str(wanted), after=str(page[-1][0]))
+        query.update(limit=str(wanted), after=str(last_id))
         url = request.url.with_replacements(query=urlencode(query), fragment="")
         headers["Link"] = f'<{url}>; rel="next"'
-    # Postgres built each subscription's JSON (webhooks.subscription_json): join, send.
-    body = "[" + ",".join(doc for _, doc in page) + "]"
     # The annotation keeps list[Subscription] for the OpenAPI document; the bytes are that.
     return Response(cast(Any, body.encode()), headers=headers, media_type=MediaType.JSON)
 
@@ -309,12 +315,20 @@ async def create_webhook(
 
 @get("/webhooks/{webhook_id:str}", summary="Get a subscription",
      responses=error_responses(*API_ERRORS))
-async def get_webhook(webhook_id: IdPath, principal: PrincipalDep, store: StoreDep
-                      ) -> Response[Subscription]:
-    """One of the caller's subscriptions."""
-    number = _subscription_id(webhook_id)
-    doc = await store.get_subscription(id=number, owner=principal.owner,
-                                       tenant=principal.tenant)
+async def get_webhook(webhook_id: IdPath, request: Request[Any, Any, Any], store: StoreDep,
+                      state: State) -> Response[Subscription]:
+    """One of the caller's subscriptions; the token is checked in the same statement."""
+    try:
+        number = _subscription_id(webhook_id)
+    except ApiError:
+        await provide_principal(request, store, state)  # 401 and 429 come first
+        raise
+
+    async def read(digest: bytes) -> tuple[tuple[Any, ...] | None, str | None]:
+        row = await store.get_subscription(token_hash=digest, id=number)
+        return row, (row[4] if row is not None else None)
+
+    _, doc = await admitted_read(request, store, state, read)
     if doc is None:
         raise ApiError(404, f"no webhook with id {number}")
     return Response(cast(Any, doc.encode()), media_type=MediaType.JSON)

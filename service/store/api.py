@@ -57,20 +57,23 @@ class ApiQueries(AsyncQueries):
             "target": target, "secret": secret, "max": max, "filter": filter,
             "filter_path": filter_path, "ordering": ordering})
 
-    async def list_subscriptions(self, *, owner: str, tenant: str | None,
-                                 resource: str | None, active: bool | None, after: int,
-                                 limit: int) -> list[tuple[Any, ...]]:
-        """A page of the caller's subscriptions as (id, JSON document) rows, oldest first."""
-        return await self._all("api_subscription_list", {
-            "owner": owner, "tenant": tenant, "resource": resource, "active": active,
-            "after": after, "limit": limit}, row=tuple_row)
+    async def list_subscriptions(self, *, token_hash: bytes, resource: str | None,
+                                 active: bool | None, after: int, limit: int, max_bytes: int
+                                 ) -> tuple[Any, ...] | None:
+        """The token's (id, owner, tenant, hash), then a page of its owner's subscriptions,
+        oldest first, as the JSON array text, the page's last id (None when empty) and
+        whether more follow; None when the token is unknown or revoked."""
+        return await self._one("api_subscription_list", {
+            "token_hash": token_hash, "resource": resource, "active": active,
+            "after": after, "limit": limit, "max_bytes": max_bytes}, row=tuple_row)
 
-    async def get_subscription(self, *, id: int, owner: str, tenant: str | None
-                               ) -> str | None:
-        """The subscription's JSON document, or None when it is not the caller's."""
-        rows = await self._all("api_subscription_get",
-                               {"id": id, "owner": owner, "tenant": tenant}, row=tuple_row)
-        return rows[0][0] if rows else None
+    async def get_subscription(self, *, token_hash: bytes, id: int
+                               ) -> tuple[Any, ...] | None:
+        """The token's (id, owner, tenant, hash) and the subscription's JSON document (None
+        when it is not the token's), or None when the token is unknown or revoked."""
+        rows = await self._all("api_subscription_get", {"token_hash": token_hash, "id": id},
+                               row=tuple_row)
+        return rows[0] if rows else None
 
     async def lock_subscription(self, *, id: int, owner: str, tenant: str | None
                                 ) -> dict[str, Any] | None:

@@ -68,28 +68,53 @@ SELECT %(owner)s, %(tenant)s, %(resource)s, %(events)s, %(target)s, %(secret)s, 
 RETURNING s.id, webhooks.subscription_json(s) AS doc
 
 -- name: api_subscription_list --
--- One row more than asked for tells the caller whether a next page exists. Each row comes
--- as its API JSON (webhooks.subscription_json), so the page is joined, not re-encoded.
+-- The caller's token and a page of its subscriptions, in one statement and one row: a GET
+-- costs one round trip, and a token revoked a moment ago already reads nothing. No row:
+-- the token is unknown or revoked. Otherwise the token's (id, owner, tenant, hash), the
+-- page as the JSON array the API sends (each subscription as webhooks.subscription_json
+-- makes it), the last id on the page, and whether more follow. A page holds %(limit)s
+-- rows at most, and stops after the row that takes its JSON past %(max_bytes)s bytes (so
+-- a page always holds a row; the next page starts after it). One row more than asked for
+-- tells whether a next page exists.
 -- The owner is also given as a range and the order as (owner, id): then only
 -- subscriptions_owner_idx yields that order, and a page is one short range of it. With
 -- `ORDER BY id` alone the planner may walk the primary key and filter on owner, guessing
 -- the owner's rows are spread evenly: 39 ms for the last page-owner among 100,000
 -- subscriptions, against 0.6 ms this way.
-SELECT id, webhooks.subscription_json(s) AS doc
-  FROM webhooks.subscriptions s
- WHERE owner = %(owner)s AND owner >= %(owner)s AND owner <= %(owner)s
-   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
-   AND id > %(after)s
-   AND (%(resource)s::text IS NULL OR resource = %(resource)s::text)
-   AND (%(active)s::boolean IS NULL OR active = %(active)s::boolean)
- ORDER BY owner, id
- LIMIT %(limit)s
+SELECT t.id AS token_id, t.owner, t.tenant, t.token_hash, p.body, p.last_id, p.more
+  FROM webhooks.tokens t
+ CROSS JOIN LATERAL (
+    SELECT '[' || coalesce(string_agg(w.doc, ',' ORDER BY w.id) FILTER (WHERE w.kept), '')
+               || ']' AS body,
+           max(w.id) FILTER (WHERE w.kept) AS last_id,
+           coalesce(bool_or(NOT w.kept), false) AS more
+      FROM (SELECT r.id, r.doc,
+                   r.n <= %(limit)s
+                   AND coalesce(sum(octet_length(r.doc) + 1) OVER (
+                           ORDER BY r.n ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+                       0) <= %(max_bytes)s AS kept
+              FROM (SELECT s.id, webhooks.subscription_json(s) AS doc,
+                           row_number() OVER (ORDER BY s.owner, s.id) AS n
+                      FROM webhooks.subscriptions s
+                     WHERE s.owner = t.owner AND s.owner >= t.owner AND s.owner <= t.owner
+                       AND (t.tenant IS NULL OR s.tenant = t.tenant)
+                       AND s.id > %(after)s
+                       AND (%(resource)s::text IS NULL OR s.resource = %(resource)s::text)
+                       AND (%(active)s::boolean IS NULL OR s.active = %(active)s::boolean)
+                     ORDER BY s.owner, s.id
+                     LIMIT %(limit)s + 1) r) w) p
+ WHERE t.token_hash = %(token_hash)s AND t.revoked_at IS NULL
 
 -- name: api_subscription_get --
-SELECT webhooks.subscription_json(s) AS doc
-  FROM webhooks.subscriptions s
- WHERE id = %(id)s AND owner = %(owner)s
-   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
+-- The caller's token and the subscription's document (NULL when it is not the caller's),
+-- in one statement; no row: the token is unknown or revoked.
+SELECT t.id AS token_id, t.owner, t.tenant, t.token_hash,
+       (SELECT webhooks.subscription_json(s)
+          FROM webhooks.subscriptions s
+         WHERE s.id = %(id)s AND s.owner = t.owner
+           AND (t.tenant IS NULL OR s.tenant = t.tenant)) AS doc
+  FROM webhooks.tokens t
+ WHERE t.token_hash = %(token_hash)s AND t.revoked_at IS NULL
 
 -- name: api_subscription_lock --
 SELECT id, resource, events, target, active, last_status, last_success_at,

@@ -119,6 +119,19 @@ async def test_rate_limit_per_token(db_url: str) -> None:
             await asyncio.sleep(0.05)
 
 
+async def test_the_reads_that_check_the_token_in_their_own_statement_are_limited_too(
+        db_url: str) -> None:
+    # GET one and the list look the token up in the same statement as the subscriptions:
+    # the same bucket applies to them (one request every 10 s after a burst of three).
+    async with api_for(db_url, rate_limit=0.1, rate_burst=3) as api:
+        created = await api.create()
+        paths = (f"/api/v1/webhooks/{created['id']}", "/api/v1/webhooks")
+        for path in paths:
+            assert (await api.request("GET", path)).status_code == 200
+        for path in paths:
+            assert_error(await api.request("GET", path), 429, "WEBHOOKS_RATE_LIMIT")
+
+
 async def test_rate_limit_zero_is_off(db_url: str) -> None:
     async with api_for(db_url, rate_limit=0.0, rate_burst=1) as api:
         for _ in range(20):

@@ -155,11 +155,23 @@ async def test_revoked_token_stops_working_at_once(api: Api) -> None:
     with psycopg.connect(api.db_url, autocommit=True) as conn:
         assert tokens.revoke(conn, token_id)
     for method, path in (("GET", "/api/v1/webhooks"), ("GET", "/api/v1/hook_events"),
+                         ("GET", f"/api/v1/webhooks/{created['id']}"),
                          ("DELETE", f"/api/v1/webhooks/{created['id']}")):
         assert_error(await api.request(method, path, token=token), 401, "unknown or revoked")
     # The owner's other tokens go on working, and the subscription is still there.
     got = await api.request("GET", f"/api/v1/webhooks/{created['id']}", token=other)
     assert got.status_code == 200
+
+
+async def test_a_bad_token_is_401_before_the_requests_own_errors(api: Api) -> None:
+    # The reads that check the token in their own statement (GET one, the list) answer a
+    # bad token as every endpoint does, before a malformed id or query; a good token then
+    # gets the request's own error.
+    bad = "wht_" + "A" * 43
+    for path, code in (("/api/v1/webhooks/abc", 404), ("/api/v1/webhooks?limit=0", 400),
+                         ("/api/v1/webhooks?after=x", 400), ("/api/v1/webhooks/999999", 404)):
+        assert_error(await api.request("GET", path, token=bad), 401, "unknown or revoked")
+        assert (await api.request("GET", path)).status_code == code, path
 
 
 async def test_every_bad_token_gets_the_same_answer(api: Api,
