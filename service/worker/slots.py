@@ -44,10 +44,14 @@ FAST_SLACK_MS = 5.0
 # A window (and an owner's record of fast answers) unused this long is forgotten.
 FORGET_AFTER = 60.0
 # How many claims may be held per slot a subscription, an owner or the worker may send
-# with: the sends under way and the claims waiting for them. A claim's round trip takes
-# a few milliseconds, in which a fast target answers a whole window: four windows keep
-# the senders busy until the next claim returns.
-AHEAD = 4
+# with: the sends under way and the claims waiting for them. A claim of 100 takes 5 to
+# 13 ms on a busy 2-core machine (its database, receiver and worker share the cores), in
+# which the senders finish 30 to 80 deliveries, and the next claim starts only once a
+# quarter of what is held has gone: with four, the senders ran dry behind about half of
+# the claims (traced in `make bench`'s throughput, docs/benchmarks.md); eight keep them
+# busy. The worker holds at most AHEAD x WEBHOOKS_CONCURRENCY claims (512 by
+# default), each with its event's body.
+AHEAD = 8
 # Owners may borrow beyond their cap only when no other owner had work in flight for
 # this long.
 CONTENDED_HOLD = 1.0
