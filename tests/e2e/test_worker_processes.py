@@ -88,9 +88,11 @@ def free_port() -> int:
 
 
 def healthz(port: int) -> int:
-    """The status of GET /healthz on a new connection (0: no answer)."""
+    """The status of GET /healthz on a new connection (0: no answer within 10 s: a
+    replacement process may take its first request while a loaded machine still starts
+    it)."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as resp:
             return int(resp.status)
     except (OSError, urllib.error.URLError):
         return 0
