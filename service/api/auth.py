@@ -4,7 +4,7 @@ per-token request rate limit. Handlers receive the result as the `principal` dep
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from litestar import Request
 from litestar.datastructures import State
@@ -17,7 +17,6 @@ from service.store import Store
 from service.tokens import Principal
 
 StoreDep = NamedDependency[Store]
-T = TypeVar("T")
 
 # One message for every token that is not a valid one (malformed, wrong length, unknown,
 # revoked), so answers tell an attacker nothing about how close a guess came.
@@ -28,9 +27,7 @@ async def provide_principal(request: Request[Any, Any, Any], store: StoreDep,
                             state: State) -> Principal:
     """The caller named by `Authorization: Bearer <token>`: 401 without a valid token, 429
     when the token is over its request rate."""
-    token = bearer_token(request)
-    principal = await tokens.authenticate(store, token) if tokens.well_formed(token) else None
-    return admit(principal, state)
+    return admit(await tokens.authenticate(store, bearer_token(request)), state)
 
 
 def bearer_token(request: Request[Any, Any, Any]) -> str:
@@ -64,16 +61,19 @@ def admit(principal: Principal | None, state: State) -> Principal:
     return principal
 
 
-async def admitted_read(request: Request[Any, Any, Any], store: Store, state: State,
-                        read: Callable[[bytes], Awaitable[tuple[Sequence[Any] | None, T]]]
-                        ) -> tuple[Principal, T]:
+async def admitted_read(request: Request[Any, Any, Any], state: State,
+                        read: Callable[[bytes], Awaitable[Sequence[Any] | None]]
+                        ) -> Sequence[Any]:
     """A read that checks the request's token in its own statement (one round trip):
-    `read(token_hash)` returns the token's row (id, owner, tenant, hash first; None when
-    unknown or revoked) and what it read for that token's owner. Answers 401 and 429 as
-    provide_principal does; a request whose token is malformed reads nothing."""
+    `read(token_hash)` returns one row, the token's id, owner, tenant and hash first, then
+    what it read for that token's owner; None when the token is unknown or revoked. The
+    row, once the token is admitted (401 and 429 as provide_principal answers them); a
+    malformed token reads nothing."""
     token = bearer_token(request)
-    if not tokens.well_formed(token):
-        admit(None, state)
-    digest = tokens.hash_token(token)
-    row, found = await read(digest)
-    return admit(tokens.principal_of(row, digest), state), found
+    row, digest = None, b""
+    if tokens.well_formed(token):
+        digest = tokens.hash_token(token)
+        row = await read(digest)
+    admit(tokens.principal_of(row, digest), state)
+    assert row is not None  # admitted: the token's row came
+    return row

@@ -238,14 +238,9 @@ async def list_webhooks(
         await provide_principal(request, store, state)  # 401 and 429 come first
         raise
 
-    async def read(digest: bytes) -> tuple[tuple[Any, ...] | None, tuple[Any, ...] | None]:
-        row = await store.list_subscriptions(
-            token_hash=digest, resource=kind, active=is_active, after=start, limit=wanted,
-            max_bytes=settings.max_page_bytes)
-        return row, row
-
-    _, row = await admitted_read(request, store, state, read)
-    assert row is not None  # admitted: the token's row came
+    row = await admitted_read(request, state, lambda digest: store.list_subscriptions(
+        token_hash=digest, resource=kind, active=is_active, after=start, limit=wanted,
+        max_bytes=settings.max_page_bytes))
     # Postgres built the page (webhooks.subscription_json per row), stopping after the
     # row that passes the byte budget: a page always holds one row, and the next one
     # starts after it, so paging still sees every row once.
@@ -324,11 +319,9 @@ async def get_webhook(webhook_id: IdPath, request: Request[Any, Any, Any], store
         await provide_principal(request, store, state)  # 401 and 429 come first
         raise
 
-    async def read(digest: bytes) -> tuple[tuple[Any, ...] | None, str | None]:
-        row = await store.get_subscription(token_hash=digest, id=number)
-        return row, (row[4] if row is not None else None)
-
-    _, doc = await admitted_read(request, store, state, read)
+    row = await admitted_read(request, state, lambda digest: store.get_subscription(
+        token_hash=digest, id=number))
+    doc = row[4]
     if doc is None:
         raise ApiError(404, f"no webhook with id {number}")
     return Response(cast(Any, doc.encode()), media_type=MediaType.JSON)

@@ -71,9 +71,8 @@ class ApiQueries(AsyncQueries):
                                ) -> tuple[Any, ...] | None:
         """The token's (id, owner, tenant, hash) and the subscription's JSON document (None
         when it is not the token's), or None when the token is unknown or revoked."""
-        rows = await self._all("api_subscription_get", {"token_hash": token_hash, "id": id},
+        return await self._one("api_subscription_get", {"token_hash": token_hash, "id": id},
                                row=tuple_row)
-        return rows[0] if rows else None
 
     async def lock_subscription(self, *, id: int, owner: str, tenant: str | None
                                 ) -> dict[str, Any] | None:
