@@ -154,9 +154,7 @@ class Worker:
         finally:
             if self._analyzing is not None:
                 helpers.append(self._analyzing)
-            for task in helpers:
-                task.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
+            await cancel_all(helpers)
             await self._drain(recorder)
             await self.wakeup.disarm(self.store)
             log.info("worker stopped", extra={"released": self.stats.released})
@@ -390,3 +388,17 @@ async def run_worker(settings: Settings, *, concurrency: int, metrics_port: int 
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
+
+
+async def cancel_all(tasks: list[asyncio.Task[None]], again_after: float = 1.0) -> None:
+    """Cancels `tasks` and waits until every one has ended, cancelling those still running
+    again every `again_after` seconds. A cancellation can be lost inside a library (on
+    Python 3.11, asyncio.wait_for returns a result that came at the same moment as the
+    cancellation, which the pool's waits use): the task's loop then goes on, and shutdown
+    would wait for it forever."""
+    pending = set(tasks)
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=again_after)
+

@@ -80,7 +80,12 @@ async def running_worker(db_url: str, concurrency: int = 16, **overrides: Any
     """A worker running in this event loop until the block ends."""
     async with open_worker(make_settings(db_url, **overrides),
                            concurrency=concurrency) as worker:
-        await worker.listener.connected.wait()
+        try:
+            async with asyncio.timeout(30):
+                await worker.listener.connected.wait()
+        except TimeoutError:
+            raise AssertionError("the worker's LISTEN connection was not up within 30 s"
+                                 ) from None
         yield worker
 
 
