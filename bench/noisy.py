@@ -17,7 +17,10 @@ The loads, each from the noisy owner alone:
   subscribed to by the noisy owner, updated twice; then the quiet row, as for filters;
 - backfills: 20 running backfills of a 5,000-row table by the noisy owner (started in SQL,
   past WEBHOOKS_MAX_BACKFILLS_PER_OWNER), then one by the quiet owner: the time to its
-  first snapshot.
+  first snapshot;
+- subscriptions elsewhere: 20,000 subscriptions of the noisy owner to another table,
+  which nobody writes to: the quiet owner's commit-to-receipt p50 over 20 rows, each sent
+  alone, against the same with none (every fan-out looks up who wants each change).
 The quiet owner's `GET /api/v1/webhooks/` runs one request after another during each load
 (and alone, for the limit); its p99 is reported. Subscriptions are inserted directly (no
 handshake), with their filters compiled by service/filters.py as the API would.
@@ -115,6 +118,8 @@ WIDE_COLUMNS = 300
 WIDE_BYTES = 3000
 BACKFILLS = 20
 BACKFILL_ROWS = 5000
+ELSEWHERE = 20_000
+ELSEWHERE_ROWS = 20
 
 
 def _wide_table(conn: psycopg.Connection[Any]) -> str:
@@ -162,6 +167,46 @@ def _backfills(ctx: Context, conn: psycopg.Connection[Any]) -> Result:
         "noisy_neighbour: quiet backfill's first snapshot", loaded, alone, "s", 2.0,
         f"{BACKFILLS} noisy backfills of a {BACKFILL_ROWS:,}-row table running (started in "
         "SQL, past WEBHOOKS_MAX_BACKFILLS_PER_OWNER); limit = the quiet backfill alone")
+
+
+def _one_by_one(ctx: Context, conn: psycopg.Connection[Any], rows: int) -> list[float]:
+    """Commit-to-receipt ms of `rows` quiet rows, each committed once the one before it
+    arrived."""
+    out: list[float] = []
+    for _ in range(rows):
+        ctx.reset_receiver()
+        row = conn.execute(f"INSERT INTO public.{TABLE} DEFAULT VALUES RETURNING id"
+                           ).fetchone()
+        committed = time.time()
+        if row is None or ctx.wait_count("lat", 1, 10) < 1:
+            raise RuntimeError("a quiet row never arrived")
+        out.append((dict(ctx.times())[row[0]] - committed) * 1000.0)
+    return out
+
+
+def _elsewhere(ctx: Context, conn: psycopg.Connection[Any]) -> Result:
+    """The quiet owner's latency beside ELSEWHERE subscriptions to another table."""
+    wait_until(lambda: _idle(conn), 120, interval=0.1)
+    alone = _one_by_one(ctx, conn, ELSEWHERE_ROWS)
+    conn.execute("CREATE TABLE public.elsewhere_rows (id bigint GENERATED ALWAYS AS "
+                 "IDENTITY PRIMARY KEY, a integer)")
+    conn.execute("SELECT webhooks.attach('public.elsewhere_rows'::regclass, "
+                 "resource => 'elsewhere_rows', noun => 'elsewhere_row')")
+    _subscribe(conn, "noisy", ELSEWHERE, ctx.target("noisy"), ["elsewhere_row.create"],
+               None, resource="elsewhere_rows")
+    conn.execute("ANALYZE webhooks.subscription_events")  # as autovacuum would, soon
+    crowded = _one_by_one(ctx, conn, ELSEWHERE_ROWS)
+    _drop_owner(conn, "noisy")
+    conn.execute("DROP TABLE public.elsewhere_rows")
+    p50, limit = percentile(crowded, 50), percentile(alone, 50)
+    ratio = p50 / limit if limit else None
+    return Result(
+        "noisy_neighbour: quiet latency p50 beside 20,000 subscriptions elsewhere", p50,
+        limit, "ms", "ratio ≤ 1.5", None if ratio is None else ratio <= 1.5, ratio,
+        f"{ELSEWHERE:,} subscriptions of the noisy owner to another table (no writes), "
+        f"{ELSEWHERE_ROWS} quiet rows committed one at a time; p90 "
+        f"{percentile(crowded, 90):.1f} ms; limit = the same rows with none "
+        f"(p90 {percentile(alone, 90):.1f} ms)")
 
 
 def _drop_owner(conn: psycopg.Connection[Any], owner: str) -> None:
@@ -323,6 +368,9 @@ def scenario(ctx: Context) -> list[Result]:
             # -- backfills: the quiet owner's first snapshot -------------------------------
             results.append(_backfills(ctx, conn))
             _drop_owner(conn, "noisy")
+
+            # -- subscriptions elsewhere: the quiet owner's latency ------------------------
+            results.append(_elsewhere(ctx, conn))
 
         with _api(ctx) as base:
             p99_alone, max_alone, count_alone = _p99(base, quiet, seconds)

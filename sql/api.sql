@@ -7,24 +7,40 @@
 -- jsonb would reorder the members.
 CREATE OR REPLACE FUNCTION webhooks.subscription_json(s webhooks.subscriptions) RETURNS text
 LANGUAGE sql STABLE AS $$
-    SELECT pg_catalog.concat(
-        '{"id":', s.id,
-        ',"resource":', pg_catalog.to_json(s.resource),
-        ',"events":', pg_catalog.to_json(pg_catalog.array_to_string(s.events, ',')),
-        ',"target":', pg_catalog.to_json(s.target),
-        ',"active":', pg_catalog.to_json(s.active),
+    -- Joined with || (each part cast to text once) rather than concat(), which looks up
+    -- each argument's output function at every call: a quarter of the row's cost. Every
+    -- part that may be NULL is coalesced, as || would make the whole document NULL.
+    -- Strings pass to_json for their escaping; a timestamp's to_char text needs none.
+    SELECT '{"id":' OPERATOR(pg_catalog.||) s.id::pg_catalog.text
+        OPERATOR(pg_catalog.||) ',"resource":'
+        OPERATOR(pg_catalog.||) pg_catalog.to_json(s.resource)::pg_catalog.text
+        OPERATOR(pg_catalog.||) ',"events":'
+        OPERATOR(pg_catalog.||) pg_catalog.to_json(pg_catalog.array_to_string(s.events, ','))::pg_catalog.text
+        OPERATOR(pg_catalog.||) ',"target":'
+        OPERATOR(pg_catalog.||) pg_catalog.to_json(s.target)::pg_catalog.text
+        OPERATOR(pg_catalog.||) ',"active":'
+        OPERATOR(pg_catalog.||) CASE WHEN s.active THEN 'true' ELSE 'false' END
         -- Set when the service stopped it (detach, events made private, auto-disable);
         -- cleared when it is made active again.
-        ',"inactive_reason":', coalesce(pg_catalog.to_json(s.inactive_reason)::pg_catalog.text, 'null'),
-        ',"last_status":', coalesce(s.last_status::pg_catalog.text, 'null'),
-        ',"last_success_at":', coalesce(pg_catalog.to_json(pg_catalog.to_char(
-            s.last_success_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))::pg_catalog.text, 'null'),
-        ',"last_failure_at":', coalesce(pg_catalog.to_json(pg_catalog.to_char(
-            s.last_failure_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))::pg_catalog.text, 'null'),
-        ',"last_failure_content":', coalesce(pg_catalog.to_json(s.last_failure_content)::pg_catalog.text, 'null'),
-        ',"filter":', coalesce(s.filter::pg_catalog.text, 'null'),
-        ',"ordering":', pg_catalog.to_json(s.ordering),
-        '}')
+        OPERATOR(pg_catalog.||) ',"inactive_reason":'
+        OPERATOR(pg_catalog.||) coalesce(pg_catalog.to_json(s.inactive_reason)::pg_catalog.text, 'null')
+        OPERATOR(pg_catalog.||) ',"last_status":'
+        OPERATOR(pg_catalog.||) coalesce(s.last_status::pg_catalog.text, 'null')
+        OPERATOR(pg_catalog.||) ',"last_success_at":'
+        OPERATOR(pg_catalog.||) coalesce('"' OPERATOR(pg_catalog.||) pg_catalog.to_char(
+            s.last_success_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+            OPERATOR(pg_catalog.||) '"', 'null')
+        OPERATOR(pg_catalog.||) ',"last_failure_at":'
+        OPERATOR(pg_catalog.||) coalesce('"' OPERATOR(pg_catalog.||) pg_catalog.to_char(
+            s.last_failure_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+            OPERATOR(pg_catalog.||) '"', 'null')
+        OPERATOR(pg_catalog.||) ',"last_failure_content":'
+        OPERATOR(pg_catalog.||) coalesce(pg_catalog.to_json(s.last_failure_content)::pg_catalog.text, 'null')
+        OPERATOR(pg_catalog.||) ',"filter":'
+        OPERATOR(pg_catalog.||) coalesce(s.filter::pg_catalog.text, 'null')
+        OPERATOR(pg_catalog.||) ',"ordering":'
+        OPERATOR(pg_catalog.||) pg_catalog.to_json(s.ordering)::pg_catalog.text
+        OPERATOR(pg_catalog.||) '}'
 $$;
 
 REVOKE ALL ON FUNCTION webhooks.subscription_json(webhooks.subscriptions) FROM PUBLIC;
