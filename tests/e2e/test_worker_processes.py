@@ -37,6 +37,24 @@ def children(pid: int) -> list[int]:
     return [int(p) for p in text.split()]
 
 
+def listening(pid: int, port: int) -> bool:
+    """Whether process `pid` holds a socket listening on TCP port `port`."""
+    inodes = set()
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+    except OSError:
+        return False
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, state, inode = fields[1], fields[3], fields[9]
+        if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port and inode in inodes:
+            return True
+    return False
+
+
 def test_each_child_is_one_worker_with_its_own_metrics_port() -> None:
     argv = child_argv(2, 16, 9100, "0.0.0.0")
     assert argv[1:] == ["-m", "service", "worker", "--processes", "1", "--concurrency", "16",
@@ -111,7 +129,10 @@ async def test_api_processes_share_one_port_and_one_that_dies_is_replaced(
             WEBHOOKS, "api", "--processes", "2", "--port", str(port),
             env=worker_env(db_url), stdout=out, stderr=out)
     try:
-        await poll(lambda: len(children(proc.pid)) == 2 and healthz(port) == 200,
+        # Both listening before one is killed: while a loaded machine still starts the
+        # second, the first alone answers, and killing it would leave nobody on the port.
+        await poll(lambda: len(kids := children(proc.pid)) == 2
+                   and all(listening(kid, port) for kid in kids) and healthz(port) == 200,
                    timeout=30, what="two API processes serving")
         victim = children(proc.pid)[0]
         os.kill(victim, signal.SIGKILL)
