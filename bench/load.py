@@ -21,6 +21,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.abc import Query
 
 from bench.common import (
     Proc,
@@ -219,15 +220,21 @@ def lone_events(ctx: Context, conn: psycopg.Connection[Any], table: str,
     for gap in (g for g in gaps for _ in range(2)):
         ctx.reset_receiver()
         time.sleep(gap)  # the quiet being measured, not a wait for a result
-        with conn.cursor() as cur:
-            cur.execute(query, (TENANT,))
-            row = cur.fetchone()
-            committed = time.time()
-        if ctx.wait_count("lat", 1, 10) < 1 or row is None:
-            raise RuntimeError(f"a lone event after {gap:g}s of quiet never arrived")
-        got = dict(ctx.times())
-        out.append((gap, (got[row[0]] - committed) * 1000.0))
+        out.append((gap, receipt_ms(ctx, conn, query, (TENANT,),
+                                    f"a lone event after {gap:g}s of quiet")))
     return out
+
+
+def receipt_ms(ctx: Context, conn: psycopg.Connection[Any], query: Query,
+               params: tuple[Any, ...], what: str) -> float:
+    """Commits one row (`query` returns its id; the connection is in autocommit) and
+    waits for its delivery to the receiver's /lat group (reset before): commit to
+    receipt, in ms."""
+    row = conn.execute(query, params).fetchone()
+    committed = time.time()
+    if ctx.wait_count("lat", 1, 10) < 1 or row is None:
+        raise RuntimeError(f"{what} never arrived")
+    return (dict(ctx.times())[row[0]] - committed) * 1000.0
 
 
 def _lone_row(lone: list[tuple[float, float]], quiet: dict[str, Any],

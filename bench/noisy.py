@@ -50,6 +50,7 @@ from bench.common import (
     wait_until,
 )
 from bench.context import Context
+from bench.load import receipt_ms
 from service import filters, tokens
 from service.api.handshake import new_secret
 from service.config import Settings
@@ -175,12 +176,8 @@ def _one_by_one(ctx: Context, conn: psycopg.Connection[Any], rows: int) -> list[
     out: list[float] = []
     for _ in range(rows):
         ctx.reset_receiver()
-        row = conn.execute(f"INSERT INTO public.{TABLE} DEFAULT VALUES RETURNING id"
-                           ).fetchone()
-        committed = time.time()
-        if row is None or ctx.wait_count("lat", 1, 10) < 1:
-            raise RuntimeError("a quiet row never arrived")
-        out.append((dict(ctx.times())[row[0]] - committed) * 1000.0)
+        out.append(receipt_ms(ctx, conn, f"INSERT INTO public.{TABLE} DEFAULT VALUES "
+                              "RETURNING id", (), "a quiet row"))
     return out
 
 

@@ -24,6 +24,7 @@ from service.worker.metrics import WorkerMetrics, WorkerStats
 from service.worker.recorder import Recorder
 from service.worker.secret_cache import SecretCache
 from service.worker.slots import Slots
+from service.worker.supervise import cancel_all
 
 log = logging.getLogger("webhooks.worker")
 
@@ -106,9 +107,7 @@ class Attempts:
         tasks = [s.task for s in self._senders if s.task is not None]
         if self._watchdog is not None:
             tasks.append(self._watchdog)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_all(tasks)
         self._senders.clear()
 
     async def _send_loop(self, sender: Sender) -> None:

@@ -41,7 +41,7 @@ from service.worker.pacing import MIN_WAIT, Pacing
 from service.worker.pruning import prune_loop
 from service.worker.recorder import Recorder
 from service.worker.slots import Slots
-from service.worker.supervise import RESTART_MAX, Supervisor
+from service.worker.supervise import RESTART_MAX, Supervisor, cancel_all
 from service.worker.wakeup import Step, Wakeup
 
 log = logging.getLogger("webhooks.worker")
@@ -388,17 +388,3 @@ async def run_worker(settings: Settings, *, concurrency: int, metrics_port: int 
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
-
-
-async def cancel_all(tasks: list[asyncio.Task[None]], again_after: float = 1.0) -> None:
-    """Cancels `tasks` and waits until every one has ended, cancelling those still running
-    again every `again_after` seconds. A cancellation can be lost inside a library (on
-    Python 3.11, asyncio.wait_for returns a result that came at the same moment as the
-    cancellation, which the pool's waits use): the task's loop then goes on, and shutdown
-    would wait for it forever."""
-    pending = set(tasks)
-    while pending:
-        for task in pending:
-            task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=again_after)
-

@@ -78,3 +78,16 @@ class Supervisor:
             log.warning("could not record the crash of task %s in webhooks.worker_tasks: %s",
                         task, write_error)
         return delay
+
+
+async def cancel_all(tasks: list[asyncio.Task[None]], again_after: float = 1.0) -> None:
+    """Cancels `tasks` and waits until every one has ended, cancelling those still running
+    again every `again_after` seconds. A cancellation can be lost inside a library (on
+    Python 3.11, asyncio.wait_for returns a result that came at the same moment as the
+    cancellation, which the pool's waits use): the task's loop then goes on, and shutdown
+    would wait for it forever."""
+    pending = set(tasks)
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=again_after)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from service.worker.loop import cancel_all
+from service.worker.supervise import cancel_all
 
 
 async def _loses_one_cancellation(swallowed: list[int]) -> None:
