@@ -44,3 +44,30 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 REVOKE ALL ON FUNCTION webhooks.subscription_json(webhooks.subscriptions) FROM PUBLIC;
+
+-- Each subscription keeps its document in `doc`, written here whenever the row is
+-- inserted or updated (by the API, the worker's record of an attempt, the lifecycle, or
+-- plain SQL), so the list reads the documents it pages through instead of building them
+-- (building them was two thirds of a page's database time). The trigger's name puts it
+-- after every other BEFORE trigger of the table (they run in name order), so it sees the
+-- row as it will be stored.
+CREATE OR REPLACE FUNCTION webhooks.subscription_doc() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    NEW.doc := webhooks.subscription_json(NEW);
+    RETURN NEW;
+END
+$$;
+
+REVOKE ALL ON FUNCTION webhooks.subscription_doc() FROM PUBLIC;
+
+DROP TRIGGER IF EXISTS subscriptions_9_doc ON webhooks.subscriptions;
+CREATE TRIGGER subscriptions_9_doc BEFORE INSERT OR UPDATE ON webhooks.subscriptions
+    FOR EACH ROW EXECUTE FUNCTION webhooks.subscription_doc();
+
+-- The documents written before this file last ran (none, or made by an earlier
+-- webhooks.subscription_json) are written again; the trigger fills them in. Only rows
+-- whose document differs are touched: on an unchanged install this reads, and writes
+-- nothing.
+UPDATE webhooks.subscriptions s SET doc = NULL
+ WHERE s.doc IS DISTINCT FROM webhooks.subscription_json(s);

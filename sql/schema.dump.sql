@@ -1324,6 +1324,7 @@ CREATE TABLE webhooks.subscriptions (
     filter_path jsonpath,
     ordering text DEFAULT 'unordered'::text NOT NULL,
     inactive_reason text,
+    doc text,
     CONSTRAINT subscriptions_events_check CHECK ((cardinality(events) > 0)),
     CONSTRAINT subscriptions_ordering_check CHECK ((ordering = ANY (ARRAY['unordered'::text, 'strict'::text])))
 );
@@ -1718,6 +1719,16 @@ CREATE FUNCTION webhooks.subscription_activated() RETURNS trigger
     AS $$
 BEGIN
     NEW.active_since := pg_current_snapshot();
+    RETURN NEW;
+END
+$$;
+
+CREATE FUNCTION webhooks.subscription_doc() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    NEW.doc := webhooks.subscription_json(NEW);
     RETURN NEW;
 END
 $$;
@@ -2169,6 +2180,8 @@ CREATE TRIGGER subscriptions_3_registry_update AFTER UPDATE ON webhooks.subscrip
 
 CREATE TRIGGER subscriptions_4_registry_delete AFTER DELETE ON webhooks.subscriptions REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION webhooks.subscription_registry();
 
+CREATE TRIGGER subscriptions_9_doc BEFORE INSERT OR UPDATE ON webhooks.subscriptions FOR EACH ROW EXECUTE FUNCTION webhooks.subscription_doc();
+
 CREATE TRIGGER subscriptions_forget_deliveries AFTER DELETE ON webhooks.subscriptions REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION webhooks.forget_deliveries();
 
 ALTER TABLE ONLY webhooks.backfill_tables
@@ -2276,6 +2289,8 @@ REVOKE ALL ON FUNCTION webhooks.settle_waiting(subscription_id bigint, among tex
 REVOKE ALL ON FUNCTION webhooks.start_backfill(subscription_id bigint, max_per_owner integer) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.subscription_activated() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION webhooks.subscription_doc() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.subscription_json(s webhooks.subscriptions) FROM PUBLIC;
 

@@ -241,7 +241,7 @@ async def list_webhooks(
     row = await admitted_read(request, state, lambda digest: store.list_subscriptions(
         token_hash=digest, resource=kind, active=is_active, after=start, limit=wanted,
         max_bytes=settings.max_page_bytes))
-    # Postgres built the page (webhooks.subscription_json per row), stopping after the
+    # Postgres joined the page (each subscription's stored doc), stopping after the
     # row that passes the byte budget: a page always holds one row, and the next one
     # starts after it, so paging still sees every row once.
     body, last_id, more = row[4], row[5], row[6]

@@ -59,23 +59,24 @@ SELECT count(*) FROM webhooks.subscriptions WHERE owner = %(owner)s
 -- name: api_subscription_insert --
 -- Inserts nothing when the owner already has `max` subscriptions; run after api_owner_lock
 -- in the same transaction.
--- Returns the subscription as GET shows it (webhooks.subscription_json).
+-- Returns the subscription as GET shows it (its doc, which the row's trigger wrote).
 INSERT INTO webhooks.subscriptions AS s (owner, tenant, resource, events, target, secret,
                                          active, last_status, filter, filter_path, ordering)
 SELECT %(owner)s, %(tenant)s, %(resource)s, %(events)s, %(target)s, %(secret)s, true, 200,
        %(filter)s::jsonb, %(filter_path)s::jsonpath, %(ordering)s
  WHERE (SELECT count(*) FROM webhooks.subscriptions WHERE owner = %(owner)s) < %(max)s
-RETURNING s.id, webhooks.subscription_json(s) AS doc
+RETURNING s.id, s.doc
 
 -- name: api_subscription_list --
 -- The caller's token and a page of its subscriptions, in one statement and one row: a GET
 -- costs one round trip, and a token revoked a moment ago already reads nothing. No row:
 -- the token is unknown or revoked. Otherwise the token's (id, owner, tenant, hash), the
--- page as the JSON array the API sends (each subscription as webhooks.subscription_json
--- makes it), the last id on the page, and whether more follow. A page holds %(limit)s
--- rows at most, and stops after the row that takes its JSON past %(max_bytes)s bytes (so
--- a page always holds a row; the next page starts after it). One row more than asked for
--- tells whether a next page exists.
+-- page as the JSON array the API sends (each subscription's doc, as
+-- webhooks.subscription_json wrote it when the row last changed), the last id on the
+-- page, and whether more follow. A page holds %(limit)s rows at most, and stops after the
+-- row that takes its JSON past %(max_bytes)s bytes (so a page always holds a row; the
+-- next page starts after it). One row more than asked for tells whether a next page
+-- exists.
 -- The owner is also given as a range and the order as (owner, id): then only
 -- subscriptions_owner_idx yields that order, and a page is one short range of it. With
 -- `ORDER BY id` alone the planner may walk the primary key and filter on owner, guessing
@@ -93,7 +94,7 @@ SELECT t.id AS token_id, t.owner, t.tenant, t.token_hash, p.body, p.last_id, p.m
                    AND coalesce(sum(octet_length(r.doc) + 1) OVER (
                            ORDER BY r.n ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
                        0) <= %(max_bytes)s AS kept
-              FROM (SELECT s.id, webhooks.subscription_json(s) AS doc,
+              FROM (SELECT s.id, s.doc,
                            row_number() OVER (ORDER BY s.owner, s.id) AS n
                       FROM webhooks.subscriptions s
                      WHERE s.owner = t.owner AND s.owner >= t.owner AND s.owner <= t.owner
@@ -109,7 +110,7 @@ SELECT t.id AS token_id, t.owner, t.tenant, t.token_hash, p.body, p.last_id, p.m
 -- The caller's token and the subscription's document (NULL when it is not the caller's),
 -- in one statement; no row: the token is unknown or revoked.
 SELECT t.id AS token_id, t.owner, t.tenant, t.token_hash,
-       (SELECT webhooks.subscription_json(s)
+       (SELECT s.doc
           FROM webhooks.subscriptions s
          WHERE s.id = %(id)s AND s.owner = t.owner
            AND (t.tenant IS NULL OR s.tenant = t.tenant)) AS doc
@@ -125,12 +126,12 @@ SELECT id, resource, events, target, active, last_status, last_success_at,
    FOR UPDATE
 
 -- name: api_subscription_set_active --
--- Returns the subscription as GET shows it (webhooks.subscription_json).
+-- Returns the subscription as GET shows it (its doc, which the row's trigger wrote).
 UPDATE webhooks.subscriptions AS s
    SET active = %(active)s
  WHERE id = %(id)s AND owner = %(owner)s
    AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
-RETURNING s.id, webhooks.subscription_json(s) AS doc
+RETURNING s.id, s.doc
 
 -- name: api_subscription_delete --
 -- The subscription's deliveries go with it (a trigger, sql/partitions.sql); its attempts

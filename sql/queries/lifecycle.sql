@@ -11,7 +11,7 @@ SELECT id, target
 -- The verified new secret (sealed) replaces the current one, which becomes the previous
 -- secret and keeps signing for %(overlap)s seconds (none when 0). Nothing changes if the
 -- subscription is gone, or its target is no longer the one verified.
--- Returns the subscription as GET shows it (webhooks.subscription_json).
+-- Returns the subscription as GET shows it (its doc, which the row's trigger wrote).
 UPDATE webhooks.subscriptions AS s
    SET previous_secret = CASE WHEN %(overlap)s::float8 > 0 THEN s.secret END,
        previous_secret_expires_at = CASE WHEN %(overlap)s::float8 > 0
@@ -21,4 +21,4 @@ UPDATE webhooks.subscriptions AS s
  WHERE id = %(id)s AND owner = %(owner)s
    AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
    AND target = %(target)s
-RETURNING webhooks.subscription_json(s) AS doc
+RETURNING s.doc
