@@ -39,9 +39,11 @@ BEGIN
             '{"event": '
             || webhooks.event_json(v_event, lifecycle_event.event_name, 'webhooks',
                                    to_jsonb(lifecycle_event.subject.id), NULL, now())
-            -- The subscription as the API shows it, members in the same order.
+            -- The subscription as the API shows it, members in the same order: its doc,
+            -- which `subject` holds as stored (every caller passes the row its UPDATE
+            -- returned, after the trigger wrote it).
             || webhooks.body_member('resource', webhooks.ordered_json(
-                   webhooks.subscription_json(lifecycle_event.subject)::json), NULL)
+                   lifecycle_event.subject.doc::json), NULL)
             || '}');
     INSERT INTO webhooks.deliveries (event_id, subscription_id)
     SELECT v_event, r FROM unnest(v_recipients) AS r;

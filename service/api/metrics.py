@@ -40,46 +40,6 @@ LATENCY_BUCKETS: list[str | float] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0
 REQUEST_LABELS = ("method", "path", "status_code", "app_name")
 
 
-class ApiMetrics:
-    """One app's registry: the request metrics (filled by the middleware) and handshakes."""
-
-    def __init__(self, others: Sequence[CollectorRegistry] = ()) -> None:
-        self.registry = CollectorRegistry()
-        self.others = tuple(others)
-        self.handshakes = Counter("webhooks_handshakes", "Verification handshakes by outcome "
-                                  f"({', '.join(HANDSHAKE_OUTCOMES)})", ["outcome"],
-                                  registry=self.registry)
-        for outcome in HANDSHAKE_OUTCOMES:
-            self.handshakes.labels(outcome)  # present at 0 before the first handshake
-        # Created here rather than at the first request, so that a scrape of a fresh
-        # process already names them all.
-        r, labels = self.registry, REQUEST_LABELS
-        self.request_metrics: dict[str, MetricWrapperBase] = {
-            f"{PREFIX}_requests_total": Counter(
-                f"{PREFIX}_requests_total", "Requests by route and status", labels, registry=r),
-            f"{PREFIX}_request_duration_seconds": Histogram(
-                f"{PREFIX}_request_duration_seconds", "Request duration, in seconds", labels,
-                buckets=LATENCY_BUCKETS, registry=r),
-            f"{PREFIX}_requests_in_progress": Gauge(
-                f"{PREFIX}_requests_in_progress", "Requests being served", labels, registry=r),
-            f"{PREFIX}_requests_error_total": Counter(
-                f"{PREFIX}_requests_error_total", "Requests answered with a 5xx", labels,
-                registry=r),
-        }
-        self.request_children: dict[str, _Children] = {}
-
-    def handshake(self, outcome: str) -> None:
-        """Counts one handshake; `outcome` is one of HANDSHAKE_OUTCOMES."""
-        self.handshakes.labels(outcome if outcome in HANDSHAKE_OUTCOMES else "unreachable").inc()
-
-
-@dataclass
-class MetricsConfig(PrometheusConfig):
-    """PrometheusConfig that carries the app's own metrics registry."""
-
-    metrics: ApiMetrics = field(default_factory=ApiMetrics)
-
-
 class _Children:
     """One metric's labelled children, kept by their label values: prometheus_client's
     labels() checks the values and takes a lock at every call (4 to 5 µs), and Litestar's
@@ -100,6 +60,47 @@ class _Children:
         return child
 
 
+class ApiMetrics:
+    """One app's registry: the request metrics (filled by the middleware) and handshakes."""
+
+    def __init__(self, others: Sequence[CollectorRegistry] = ()) -> None:
+        self.registry = CollectorRegistry()
+        self.others = tuple(others)
+        self.handshakes = Counter("webhooks_handshakes", "Verification handshakes by outcome "
+                                  f"({', '.join(HANDSHAKE_OUTCOMES)})", ["outcome"],
+                                  registry=self.registry)
+        for outcome in HANDSHAKE_OUTCOMES:
+            self.handshakes.labels(outcome)  # present at 0 before the first handshake
+        # Created here rather than at the first request, so that a scrape of a fresh
+        # process already names them all.
+        r, labels = self.registry, REQUEST_LABELS
+        made: dict[str, MetricWrapperBase] = {
+            f"{PREFIX}_requests_total": Counter(
+                f"{PREFIX}_requests_total", "Requests by route and status", labels, registry=r),
+            f"{PREFIX}_request_duration_seconds": Histogram(
+                f"{PREFIX}_request_duration_seconds", "Request duration, in seconds", labels,
+                buckets=LATENCY_BUCKETS, registry=r),
+            f"{PREFIX}_requests_in_progress": Gauge(
+                f"{PREFIX}_requests_in_progress", "Requests being served", labels, registry=r),
+            f"{PREFIX}_requests_error_total": Counter(
+                f"{PREFIX}_requests_error_total", "Requests answered with a 5xx", labels,
+                registry=r),
+        }
+        # The middleware asks for them by name (_Middleware._metric).
+        self.request_metrics = {name: _Children(m) for name, m in made.items()}
+
+    def handshake(self, outcome: str) -> None:
+        """Counts one handshake; `outcome` is one of HANDSHAKE_OUTCOMES."""
+        self.handshakes.labels(outcome if outcome in HANDSHAKE_OUTCOMES else "unreachable").inc()
+
+
+@dataclass
+class MetricsConfig(PrometheusConfig):
+    """PrometheusConfig that carries the app's own metrics registry."""
+
+    metrics: ApiMetrics = field(default_factory=ApiMetrics)
+
+
 class _Middleware(PrometheusMiddleware):
     """Litestar's middleware, with its metrics kept in the app's registry and their
     labelled children looked up once per set of label values."""
@@ -108,14 +109,11 @@ class _Middleware(PrometheusMiddleware):
                 labels: dict[str, Any], **kwargs: Any) -> Any:
         metrics = cast(MetricsConfig, self._config).metrics
         name = f"{self._config.prefix}_{suffix}"
-        children = metrics.request_children.get(name)
-        if children is None:
-            if name not in metrics.request_metrics:
-                metrics.request_metrics[name] = kind(name, doc, [*labels],
-                                                     registry=metrics.registry, **kwargs)
-            children = metrics.request_children[name] = _Children(
-                metrics.request_metrics[name])
-        return children
+        if name not in metrics.request_metrics:
+            metrics.request_metrics[name] = _Children(kind(name, doc, [*labels],
+                                                           registry=metrics.registry,
+                                                           **kwargs))
+        return metrics.request_metrics[name]
 
     def request_count(self, labels: dict[str, Any]) -> Counter:
         return cast(Counter, self._metric(Counter, "requests_total", "Requests by route and "
