@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import socket
@@ -36,6 +37,19 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        freeze_startup_heap()
+
+
+def freeze_startup_heap() -> None:
+    """Moves what exists once a process has started (modules, the app, its routes and
+    schemas, pools) out of the garbage collector's reach. A full collection walks every
+    tracked object: 40-50 ms in the API's heap, a pause every request in flight waits out
+    (the GET's p99); after this it walks only what was made since."""
+    gc.collect()
+    gc.freeze()
 
 
 def stop_on_signals(stop: asyncio.Event) -> None:
