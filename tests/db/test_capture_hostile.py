@@ -12,6 +12,7 @@ import pytest
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
+from service.filters import compile_path
 from service.store import Store
 from service.worker.fanout import drain_outbox
 from tests.db.test_capture import outbox
@@ -316,3 +317,32 @@ async def test_objects_planted_on_the_search_path_never_reach_the_services_sql(
     await drain_outbox(Store(pool), 10)
     ids = [r[0] for r in conn.execute("SELECT id FROM webhooks.events ORDER BY id").fetchall()]
     assert len(ids) == 2 and len(set(ids)) == 2
+
+
+async def test_a_poison_row_is_set_aside_only_where_a_subscription_takes_it_in(
+        conn: psycopg.Connection, pool: AsyncConnectionPool) -> None:
+    # Fan-out parses a change's row into JSONB only for a subscription that takes it in
+    # (its body; a filter's check): a poison row of a tenant nobody is scoped to is
+    # dropped like any change nobody is owed, and one a subscription takes in is set aside.
+    conn.execute("CREATE TABLE public.tdocs (id int PRIMARY KEY, tenant text, body json)")
+    conn.execute("SELECT webhooks.attach('public.tdocs', resource => 'tdocs', noun => 'tdoc', "
+                 "tenant_column => 'tenant')")
+    plain = subscribe_to(conn, "tdocs", ["tdoc.create"], tenant="a")
+    filtered = subscribe_to(conn, "tdocs", ["tdoc.create"], tenant="c")
+    conn.execute("UPDATE webhooks.subscriptions SET filter = '{\"id\": 7}', "
+                 "filter_path = %s::jsonpath WHERE id = %s",
+                 (compile_path({"id": 7}), filtered))
+    poison = r'{"a": "\u0000"}'
+    conn.execute("INSERT INTO public.tdocs VALUES (1, 'b', %s), (2, 'a', '{}')", (poison,))
+    drained = await drain_outbox(Store(pool), 100)
+    assert (drained.rejected, drained.created) == (0, 1)
+    assert len(deliveries(conn, plain)) == 1
+    conn.execute("INSERT INTO public.tdocs VALUES (3, 'a', %s), (4, 'c', %s), (7, 'c', '{}')",
+                 (poison, poison))
+    drained = await drain_outbox(Store(pool), 100)
+    assert (drained.rejected, drained.created) == (2, 1)
+    assert len(deliveries(conn, filtered)) == 1
+    rejected = conn.execute("SELECT row_text FROM webhooks.rejected_changes ORDER BY id"
+                            ).fetchall()
+    assert ['"id":3' in r[0].replace(" ", "") for r in rejected] == [True, False]
+    assert conn.execute("SELECT count(*) FROM webhooks.outbox").fetchone() == (0,)
