@@ -19,16 +19,18 @@ WITH lock AS (
                      FOR UPDATE SKIP LOCKED)
     RETURNING o.id, o
 ), changes AS (
-    -- The row and the row before as JSONB (change_rows' row_data and previous) are left
-    -- out: only a filtered subscription needs the row so, and its filter parses row_json.
+    -- The row before as JSONB (change_rows' previous) is left out: nothing here reads it.
+    -- The row as JSONB (row_data) stays, parsed once per change: the filters of every
+    -- subscription the change reaches read it (parsed in each filter's call instead, ten
+    -- 100 kB rows before 1,000 filtered subscriptions took 1.8 s instead of 34 ms).
     -- The statements come sorted by id, so only each one's changes are sorted, in memory
     -- (sorting all of them, about 1 kB each for a 600-byte row, spilled past 4 MB of
     -- work_mem: about 4,000 changes).
     SELECT nextval('webhooks.event_ids'::regclass) AS event_id, ordered.hook_resource,
            ordered.name, ordered.resource, ordered.parent_resource, ordered.occurred_at,
            ordered.xid, ordered.resource_id, ordered.parent_id, ordered.user_id,
-           ordered.tenant_scoped, ordered.tenant, ordered.problem, ordered.raw,
-           ordered.changed, ordered.row_json, ordered.previous_json
+           ordered.tenant_scoped, ordered.tenant, ordered.row_data, ordered.problem,
+           ordered.raw, ordered.changed, ordered.row_json, ordered.previous_json
       FROM (SELECT (b.o).hook_resource, (b.o).name, (b.o).resource, (b.o).parent_resource,
                    (b.o).occurred_at, (b.o).xid, c.*
               FROM (SELECT bb.id, bb.o FROM batch bb ORDER BY bb.id) b
@@ -68,7 +70,7 @@ WITH lock AS (
        AND (NOT se.filtered
             OR webhooks.filter_passes((SELECT s.filter_path FROM webhooks.subscriptions s
                                         WHERE s.id = se.subscription_id),
-                                      ch.row_json::jsonb, ch.changed))
+                                      ch.row_data, ch.changed))
     UNION ALL
     SELECT ch.event_id, se.subscription_id
       FROM changes ch
@@ -83,7 +85,7 @@ WITH lock AS (
        AND (NOT se.filtered
             OR webhooks.filter_passes((SELECT s.filter_path FROM webhooks.subscriptions s
                                         WHERE s.id = se.subscription_id),
-                                      ch.row_json::jsonb, ch.changed))
+                                      ch.row_data, ch.changed))
     UNION ALL
     SELECT ch.event_id, se.subscription_id
       FROM changes ch
@@ -98,7 +100,7 @@ WITH lock AS (
        AND (NOT se.filtered
             OR webhooks.filter_passes((SELECT s.filter_path FROM webhooks.subscriptions s
                                         WHERE s.id = se.subscription_id),
-                                      ch.row_json::jsonb, ch.changed))
+                                      ch.row_data, ch.changed))
 ), kept AS (
     INSERT INTO webhooks.events (id, hook_resource, name, tenant, occurred_at, body)
     SELECT ch.event_id, ch.hook_resource, ch.name, ch.tenant, ch.occurred_at,
