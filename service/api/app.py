@@ -30,7 +30,7 @@ from service.api.errors import (
     EXCEPTION_HANDLERS,
     error_responses,
 )
-from service.api.metrics import ApiMetrics, MetricsController, metrics_config
+from service.api.metrics import ApiMetrics, MetricsController, request_metrics
 from service.api.models import (
     REQUEST_COMPONENTS,
 )
@@ -173,7 +173,7 @@ def create_app(settings: Settings, pool: Pool | None = None,
         state=State({"settings": settings, "box": SecretBox(settings.encryption_key),
                      "metrics": metrics,
                      "limiter": RateLimiter(settings.rate_limit, settings.rate_burst)}),
-        middleware=[metrics_config(metrics).middleware, apidocs.page_headers],
+        middleware=[request_metrics(metrics), apidocs.page_headers],
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
         request_max_body_size=settings.max_body_bytes,

@@ -1,25 +1,22 @@
 """Prometheus metrics of the API, served at GET /metrics.
 
-Requests by route and status and their latency come from Litestar's Prometheus integration;
-handshake outcomes are counted here. Litestar's middleware keeps its metrics in the global
-registry, class-wide; the subclasses below give each app its own registry instead, so several
-apps in one process (the tests) never share or clash. Labels are bounded: route templates
+Requests by route and status and their latency are counted by request_metrics, under the
+names and labels of Litestar's Prometheus middleware; handshake outcomes are counted here.
+Each app has its own registry, so several apps in one process (the tests) never share or
+clash. Labels are bounded: route templates
 (never raw paths with ids), methods, statuses and a fixed set of handshake outcomes; never a
 token, secret or target URL.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 from litestar import Request, Response, get
-from litestar.plugins.prometheus import (
-    PrometheusConfig,
-    PrometheusController,
-    PrometheusMiddleware,
-)
+from litestar.plugins.prometheus import PrometheusController
+from litestar.types import ASGIApp, HTTPScope, Message, Receive, Scope, Send
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -31,20 +28,21 @@ from prometheus_client import (
 from prometheus_client.metrics import MetricWrapperBase
 
 PREFIX = "webhooks_api"
+APP_NAME = "webhooks-api"
 # Why a handshake ended: verified, or the target refused (answered, but not with 200 and
 # the echoed header), timed out, or could not be reached.
 HANDSHAKE_OUTCOMES = ("verified", "refused", "timeout", "unreachable")
 LATENCY_BUCKETS: list[str | float] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                       0.5, 1.0, 2.5, 5.0, 10.0]
-# The labels Litestar's middleware gives each request, in its order.
+# The labels of each request's metrics, in their order (Litestar's Prometheus middleware's).
 REQUEST_LABELS = ("method", "path", "status_code", "app_name")
 
 
 class _Children:
     """One metric's labelled children, kept by their label values: prometheus_client's
-    labels() checks the values and takes a lock at every call (4 to 5 µs), and Litestar's
-    middleware calls it four times a request. The children are the metric's own (the same
-    objects its registry exports), and as many as the metric itself keeps."""
+    labels() checks the values and takes a lock at every call (4 to 5 µs), and a request
+    asks four times. The children are the metric's own (the same objects its registry
+    exports), and as many as the metric itself keeps."""
 
     __slots__ = ("children", "metric")
 
@@ -86,7 +84,7 @@ class ApiMetrics:
                 f"{PREFIX}_requests_error_total", "Requests answered with a 5xx", labels,
                 registry=r),
         }
-        # The middleware asks for them by name (_Middleware._metric).
+        # request_metrics asks for them by name.
         self.request_metrics = {name: _Children(m) for name, m in made.items()}
 
     def handshake(self, outcome: str) -> None:
@@ -94,50 +92,47 @@ class ApiMetrics:
         self.handshakes.labels(outcome if outcome in HANDSHAKE_OUTCOMES else "unreachable").inc()
 
 
-@dataclass
-class MetricsConfig(PrometheusConfig):
-    """PrometheusConfig that carries the app's own metrics registry."""
+def request_metrics(metrics: ApiMetrics, app_name: str = APP_NAME) -> Any:
+    """ASGI middleware of an app's routes: counts each request by method, route template
+    and status, observes its duration (until the body is sent) and keeps the gauge of
+    those in progress, in `metrics`' registry, with the names and labels of Litestar's
+    Prometheus middleware. It does only that: Litestar's built a Request, parsed the URL
+    and copied dicts at every request, 14% of the instructions of a GET by id."""
+    made = metrics.request_metrics
+    in_progress = made[f"{PREFIX}_requests_in_progress"]
+    count, errors = made[f"{PREFIX}_requests_total"], made[f"{PREFIX}_requests_error_total"]
+    duration = made[f"{PREFIX}_request_duration_seconds"]
 
-    metrics: ApiMetrics = field(default_factory=ApiMetrics)
+    def factory(app: ASGIApp) -> ASGIApp:
+        async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http":
+                await app(scope, receive, send)
+                return
+            method, path = cast(HTTPScope, scope)["method"], scope["path_template"]
+            status, started, took = 200, time.perf_counter(), 0.0
 
+            async def sent(message: Message) -> None:
+                nonlocal status, took
+                if message["type"] == "http.response.start":
+                    status = message["status"]
+                elif message["type"] == "http.response.body":
+                    took = time.perf_counter() - started
+                await send(message)
 
-class _Middleware(PrometheusMiddleware):
-    """Litestar's middleware, with its metrics kept in the app's registry and their
-    labelled children looked up once per set of label values."""
+            gauge = in_progress.labels(method, path, 200, app_name)
+            gauge.inc()
+            try:
+                await app(scope, receive, sent)
+            finally:
+                gauge.dec()
+                if status >= 500:
+                    errors.labels(method, path, status, app_name).inc()
+                count.labels(method, path, status, app_name).inc()
+                duration.labels(method, path, status, app_name).observe(took)
 
-    def _metric(self, kind: type[MetricWrapperBase], suffix: str, doc: str,
-                labels: dict[str, Any], **kwargs: Any) -> Any:
-        metrics = cast(MetricsConfig, self._config).metrics
-        name = f"{self._config.prefix}_{suffix}"
-        if name not in metrics.request_metrics:
-            metrics.request_metrics[name] = _Children(kind(name, doc, [*labels],
-                                                           registry=metrics.registry,
-                                                           **kwargs))
-        return metrics.request_metrics[name]
+        return middleware
 
-    def request_count(self, labels: dict[str, Any]) -> Counter:
-        return cast(Counter, self._metric(Counter, "requests_total", "Requests by route and "
-                                          "status", labels))
-
-    def request_time(self, labels: dict[str, Any]) -> Histogram:
-        return cast(Histogram, self._metric(Histogram, "request_duration_seconds",
-                                            "Request duration, in seconds", labels,
-                                            **self._kwargs))
-
-    def requests_in_progress(self, labels: dict[str, Any]) -> Gauge:
-        return cast(Gauge, self._metric(Gauge, "requests_in_progress",
-                                        "Requests being served", labels))
-
-    def requests_error_count(self, labels: dict[str, Any]) -> Counter:
-        return cast(Counter, self._metric(Counter, "requests_error_total",
-                                          "Requests answered with a 5xx", labels))
-
-
-def metrics_config(metrics: ApiMetrics) -> MetricsConfig:
-    """The Prometheus middleware configuration of an app whose registry is `metrics`."""
-    return MetricsConfig(metrics=metrics, app_name="webhooks-api", prefix=PREFIX,
-                         group_path=True, buckets=LATENCY_BUCKETS,
-                         middleware_class=_Middleware)
+    return factory
 
 
 class MetricsController(PrometheusController):

@@ -208,6 +208,14 @@ def _too_many(limit: int) -> ApiError:
                          "(WEBHOOKS_MAX_SUBSCRIPTIONS_PER_OWNER); delete one first")
 
 
+def app_parts(request: Request[Any, Any, Any]) -> tuple[State, Store, Settings]:
+    """The app's state, store and settings, for the two hot reads (a subscription, a page
+    of them): taken from the app's state here rather than as dependencies, whose
+    resolution cost about 9% of a GET's instructions."""
+    state = request.app.state
+    return state, state.store, state.settings
+
+
 def _subscription_id(text: str) -> int:
     number = parse_id(text)
     if number is None:
@@ -219,9 +227,6 @@ def _subscription_id(text: str) -> int:
      responses=error_responses(*API_ERRORS))
 async def list_webhooks(
     request: Request[Any, Any, Any],
-    store: StoreDep,
-    settings: SettingsDep,
-    state: State,
     resource: Annotated[str | None, Parameter(description="only this resource")] = None,
     active: Annotated[str | None, Parameter(description="true or false")] = None,
     limit: Annotated[str | None, Parameter(description="1 to 1000, default 100")] = None,
@@ -230,6 +235,7 @@ async def list_webhooks(
 ) -> Response[list[Subscription]]:
     """The caller's subscriptions, oldest first; a `Link: <...>; rel="next"` when more remain.
     The token is checked in the page's own statement (one round trip)."""
+    state, store, settings = app_parts(request)
     try:
         check_single(request.query_params.dict(), ("resource", "active", "limit", "after"))
         wanted, kind, is_active, start = (parse_limit(limit), query_text("resource", resource),
@@ -310,9 +316,10 @@ async def create_webhook(
 
 @get("/webhooks/{webhook_id:str}", summary="Get a subscription",
      responses=error_responses(*API_ERRORS))
-async def get_webhook(webhook_id: IdPath, request: Request[Any, Any, Any], store: StoreDep,
-                      state: State) -> Response[Subscription]:
+async def get_webhook(webhook_id: IdPath, request: Request[Any, Any, Any]
+                      ) -> Response[Subscription]:
     """One of the caller's subscriptions; the token is checked in the same statement."""
+    state, store, _ = app_parts(request)
     try:
         number = _subscription_id(webhook_id)
     except ApiError:
