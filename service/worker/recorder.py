@@ -19,13 +19,15 @@ async def record(store: Store, outcomes: Sequence[Outcome]) -> None:
     """Writes a batch of outcomes in one transaction: deliveries, attempts, subscriptions.
 
     Error texts (a target's bytes, library messages) pass pg_text() here, the one place
-    where text bound for Postgres is made storable.
+    where text bound for Postgres is made storable. The batch goes sorted by subscription:
+    the statement locks each outcome's subscription in that order (sql/queries/worker.sql),
+    so two workers never take two subscriptions the other way round.
     """
     batch = json.dumps([
         [o.claim.id, o.claim.attempts, o.claim.subscription_id, o.status, o.outcome,
          o.retry_in, o.attempted_at, o.duration_ms, pg_text(o.error),
          o.claim.created_at.isoformat() if o.claim.created_at else None]
-        for o in outcomes])
+        for o in sorted(outcomes, key=_by_subscription)])
     gone = sorted({o.claim.subscription_id for o in outcomes
                    if classify(o.status) is Answer.GONE})
     if not gone:
@@ -35,6 +37,10 @@ async def record(store: Store, outcomes: Sequence[Outcome]) -> None:
     async with store.transaction() as s:
         await s.record(batch=batch)
         await s.stop_gone(subscription_ids=gone)
+
+
+def _by_subscription(o: Outcome) -> int:
+    return o.claim.subscription_id
 
 
 def unreachable(exc: BaseException) -> bool:

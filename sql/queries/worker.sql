@@ -130,8 +130,19 @@ WITH r AS (
     -- every pending delivery of the queue, once per outcome). One probe serves both the
     -- update (by row address: a TID scan, never a join with the queue) and the attempt
     -- log (a deleted delivery gets no attempt row).
+    -- Each outcome's subscription is locked before its delivery is touched (the batch
+    -- comes sorted by subscription, so the locks are taken in id order). Deleting a
+    -- subscription (the API, a DBA) locks it and then deletes its deliveries
+    -- (webhooks.forget_deliveries): taken the other way round, the two statements
+    -- deadlocked, and one of them failed (the DELETE, when it had waited first). A
+    -- subscription deleted meanwhile is not locked but left out, its outcomes with it:
+    -- its deliveries went with it.
     SELECT r.*, x.tableoid AS part, x.ctid AS tid
       FROM r
+     CROSS JOIN LATERAL (
+        SELECT s.id FROM webhooks.subscriptions s
+         WHERE s.id = r.subscription_id
+           FOR NO KEY UPDATE OF s) AS l
      CROSS JOIN LATERAL (
         SELECT d.tableoid, d.ctid FROM webhooks.deliveries d
          WHERE d.id = r.id AND d.created_at = r.created_at

@@ -152,3 +152,32 @@ async def test_prune_never_drops_todays_work(pool: AsyncConnectionPool,
     rows = conn.execute("SELECT status FROM webhooks.deliveries ORDER BY id").fetchall()
     assert rows == [("succeeded",), ("failed",), ("pending",)]
     assert conn.execute("SELECT count(*) FROM webhooks.attempts").fetchone() == (2,)
+
+
+async def test_a_subscription_deleted_while_its_outcome_is_recorded_never_deadlocks(
+        pool: AsyncConnectionPool, conn: psycopg.Connection, db_url: str) -> None:
+    # The record waits for the subscription while the same transaction that holds it
+    # deletes it (and, by trigger, its deliveries): the record must not hold the delivery
+    # by then, or PostgreSQL finds a deadlock after deadlock_timeout and fails one of them.
+    (sid,) = await queue(pool, conn, 1)
+    (c,) = await take(pool, 1)
+    with psycopg.connect(db_url) as app:  # one transaction, as an application's DELETE
+        app.execute("SELECT 1 FROM webhooks.subscriptions WHERE id = %s FOR UPDATE", (sid,))
+        recording = asyncio.create_task(record(Store(pool), [outcome(c, 200, "succeeded")]))
+
+        def record_waits() -> bool:
+            return conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND query LIKE '%%jsonb_array_elements%%'").fetchone() == (1,)
+
+        deadline = time.monotonic() + 10
+        while not record_waits():
+            assert not recording.done(), recording
+            assert time.monotonic() < deadline, "the record never waited for the lock"
+            await asyncio.sleep(0.01)
+        app.execute("SET LOCAL lock_timeout = '5s'")
+        app.execute("DELETE FROM webhooks.subscriptions WHERE id = %s", (sid,))
+        app.commit()
+    await asyncio.wait_for(recording, 10)  # raises if the record was the one that failed
+    assert conn.execute("SELECT count(*) FROM webhooks.deliveries").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM webhooks.subscriptions").fetchone() == (0,)
