@@ -3,9 +3,8 @@
 Requests by route and status and their latency are counted by request_metrics, under the
 names and labels of Litestar's Prometheus middleware; handshake outcomes are counted here.
 Each app has its own registry, so several apps in one process (the tests) never share or
-clash. Labels are bounded: route templates
-(never raw paths with ids), methods, statuses and a fixed set of handshake outcomes; never a
-token, secret or target URL.
+clash. Labels are bounded: route templates (never raw paths with ids), methods, statuses
+and a fixed set of handshake outcomes; never a token, secret or target URL.
 """
 
 from __future__ import annotations
