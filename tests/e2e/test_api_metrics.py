@@ -3,13 +3,15 @@ outcomes; a registry per app; no token, secret or target in any label."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from service import store, tokens
 from service.api.app import create_app
 from service.config import Settings
-from tests.support.api import Api
+from tests.support.api import Api, serving
 from tests.support.receivers import Received, status
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -18,8 +20,9 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 pytestmark = pytest.mark.api_settings(verify_timeout=5.0)
 
 
-async def scrape(api: Api) -> tuple[str, Samples]:
-    response = await api.http.get("/metrics")
+async def scrape(api: Api | httpx.AsyncClient) -> tuple[str, Samples]:
+    http = api.http if isinstance(api, Api) else api
+    response = await http.get("/metrics")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
     samples: Samples = {}
@@ -99,3 +102,34 @@ def test_every_app_has_its_own_registry(db_url: str) -> None:
     assert len(registries) == 5
     apps[0].state.metrics.handshake("verified")
     assert apps[1].state.metrics.handshakes.labels("verified")._value.get() == 0
+
+
+async def test_server_errors_and_requests_in_progress(db_url: str) -> None:
+    # The database goes away: /readyz and the list answer 503, counted as errors too, and
+    # no request stays counted as in progress once answered.
+    pool = store.make_pool(db_url)
+    await pool.open(wait=True)
+    async with serving(Settings(database_url=db_url), pool=pool) as url, \
+            httpx.AsyncClient(base_url=url) as http:
+        await pool.close()
+        assert (await http.get("/readyz")).status_code == 503
+        for _ in range(2):
+            response = await http.get("/api/v1/webhooks", headers={
+                "Authorization": "Bearer " + tokens.new_token()})
+            assert response.status_code == 503
+        assert (await http.get("/healthz")).status_code == 200
+        _, samples = await scrape(http)
+    errors = "webhooks_api_requests_error_total"
+    assert value(samples, errors, path="/readyz", status_code="503", method="GET") == 1
+    assert value(samples, errors, path="/api/v1/webhooks", status_code="503") == 2
+    assert value(samples, errors, path="/healthz") == 0
+    assert value(samples, "webhooks_api_requests_total", path="/api/v1/webhooks",
+                 status_code="503") == 2
+    assert value(samples, "webhooks_api_request_duration_seconds_count",
+                 path="/api/v1/webhooks") == 2
+    assert value(samples, "webhooks_api_request_duration_seconds_sum",
+                 path="/api/v1/webhooks") > 0
+    gauge = "webhooks_api_requests_in_progress"
+    for path in ("/readyz", "/api/v1/webhooks", "/healthz"):
+        assert value(samples, gauge, path=path) == 0, path
+    assert value(samples, gauge, path="/metrics") == 1  # the scrape itself
