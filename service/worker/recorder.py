@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 
 from service.logs import redact
 from service.outcomes import Answer, classify
@@ -27,7 +28,7 @@ async def record(store: Store, outcomes: Sequence[Outcome]) -> None:
         [o.claim.id, o.claim.attempts, o.claim.subscription_id, o.status, o.outcome,
          o.retry_in, o.attempted_at, o.duration_ms, pg_text(o.error),
          o.claim.created_at.isoformat() if o.claim.created_at else None]
-        for o in sorted(outcomes, key=_by_subscription)])
+        for o in sorted(outcomes, key=attrgetter("claim.subscription_id"))])
     gone = sorted({o.claim.subscription_id for o in outcomes
                    if classify(o.status) is Answer.GONE})
     if not gone:
@@ -37,10 +38,6 @@ async def record(store: Store, outcomes: Sequence[Outcome]) -> None:
     async with store.transaction() as s:
         await s.record(batch=batch)
         await s.stop_gone(subscription_ids=gone)
-
-
-def _by_subscription(o: Outcome) -> int:
-    return o.claim.subscription_id
 
 
 def unreachable(exc: BaseException) -> bool:
