@@ -20,7 +20,11 @@ The loads, each from the noisy owner alone:
   first snapshot;
 - subscriptions elsewhere: 20,000 subscriptions of the noisy owner to another table,
   which nobody writes to: the quiet owner's commit-to-receipt p50 over 20 rows, each sent
-  alone, against the same with none (every fan-out looks up who wants each change).
+  alone, against the same with none (every fan-out looks up who wants each change);
+- a strict queue: a strict subscription of the noisy owner to another table, whose first
+  delivery fails (connection refused) and holds the 20,000 after it (5,000 quick); the
+  quiet owner's 2,000 rows in one statement, commit to the last receipt, against the same
+  with no strict queue (every claim reads the held deliveries).
 The quiet owner's `GET /api/v1/webhooks/` runs one request after another during each load
 (and alone, for the limit); its p99 is reported. Subscriptions are inserted directly (no
 handshake), with their filters compiled by service/filters.py as the API would.
@@ -121,6 +125,8 @@ BACKFILLS = 20
 BACKFILL_ROWS = 5000
 ELSEWHERE = 20_000
 ELSEWHERE_ROWS = 20
+STRICT_QUEUE = 20_000
+QUIET_ROWS = 2_000
 
 
 def _wide_table(conn: psycopg.Connection[Any]) -> str:
@@ -204,6 +210,71 @@ def _elsewhere(ctx: Context, conn: psycopg.Connection[Any]) -> Result:
         f"{ELSEWHERE_ROWS} quiet rows committed one at a time; p90 "
         f"{percentile(crowded, 90):.1f} ms; limit = the same rows with none "
         f"(p90 {percentile(alone, 90):.1f} ms)")
+
+
+def _quiet_drain(ctx: Context, conn: psycopg.Connection[Any], rows: int) -> float | None:
+    """Seconds from the commit of `rows` quiet rows (one statement) to the last one's
+    receipt (None: not within two minutes)."""
+    ctx.reset_receiver()
+    ids = {r[0] for r in conn.execute(
+        f"INSERT INTO public.{TABLE} SELECT FROM generate_series(1, %s) RETURNING id",
+        (rows,)).fetchall()}
+    committed = time.time()
+    got: dict[int, float] = {}
+
+    def arrived() -> bool:
+        got.update((i, t) for i, t in ctx.times() if i in ids)
+        return len(got) == len(ids)
+
+    if not wait_until(arrived, 120, interval=0.02):
+        return None
+    return max(got.values()) - committed
+
+
+def _strict_queue(ctx: Context, conn: psycopg.Connection[Any]) -> Result:
+    """The quiet owner's burst beside a strict subscription whose queue waits behind a
+    failing first delivery."""
+    queue = STRICT_QUEUE // 4 if ctx.quick else STRICT_QUEUE
+    wait_until(lambda: _idle(conn), 120, interval=0.1)
+    alone = _quiet_drain(ctx, conn, QUIET_ROWS)
+    conn.execute("CREATE TABLE public.strict_rows (id bigint GENERATED ALWAYS AS "
+                 "IDENTITY PRIMARY KEY, a integer)")
+    conn.execute("SELECT webhooks.attach('public.strict_rows'::regclass, "
+                 "resource => 'strict_rows', noun => 'strict_row')")
+    # Port 9 refuses connections: the first delivery fails and waits for its retry, and
+    # strict order holds every later one behind it.
+    (sid,) = _subscribe(conn, "noisy", 1, "http://127.0.0.1:9/strict",
+                        ["strict_row.create"], None, resource="strict_rows")
+    conn.execute("UPDATE webhooks.subscriptions SET ordering = 'strict' WHERE id = %s",
+                 (sid,))
+    conn.execute("INSERT INTO public.strict_rows (a) SELECT g FROM generate_series(1, %s) g",
+                 (queue,))
+
+    def held() -> bool:
+        row = conn.execute(
+            "SELECT (SELECT count(*) FROM webhooks.outbox),"
+            " (SELECT count(*) FROM webhooks.deliveries WHERE subscription_id = %s"
+            "   AND status = 'pending' AND attempts > 0 AND next_attempt_at > now()),"
+            " (SELECT count(*) FROM webhooks.deliveries WHERE subscription_id = %s"
+            "   AND status = 'pending')", (sid, sid)).fetchone()
+        return row is not None and row[0] == 0 and row[1] == 1 and row[2] == queue
+
+    if not wait_until(held, 120, interval=0.1):
+        raise RuntimeError("the strict queue was not fanned out and held within 120 s")
+    beside = _quiet_drain(ctx, conn, QUIET_ROWS)
+    (pending,) = conn.execute("SELECT count(*) FROM webhooks.deliveries"
+                              " WHERE subscription_id = %s AND status = 'pending'",
+                              (sid,)).fetchone() or (0,)
+    _drop_owner(conn, "noisy")
+    conn.execute("DROP TABLE public.strict_rows")
+    ratio = beside / alone if beside is not None and alone else None
+    return Result(
+        "noisy_neighbour: quiet burst beside a strict queue held by its first delivery",
+        beside, alone, "s", "ratio ≤ 1.5", None if ratio is None else ratio <= 1.5, ratio,
+        f"{QUIET_ROWS:,} quiet rows in one statement, commit to the last receipt, while "
+        f"the noisy owner's strict subscription holds {queue:,} deliveries behind a first "
+        f"one that fails (connection refused, retried later; {pending:,} still pending at "
+        "the end): every claim reads them; limit = the same rows with no strict queue")
 
 
 def _drop_owner(conn: psycopg.Connection[Any], owner: str) -> None:
@@ -368,6 +439,9 @@ def scenario(ctx: Context) -> list[Result]:
 
             # -- subscriptions elsewhere: the quiet owner's latency ------------------------
             results.append(_elsewhere(ctx, conn))
+
+            # -- a strict queue held by its first delivery: the quiet owner's burst -------
+            results.append(_strict_queue(ctx, conn))
 
         with _api(ctx) as base:
             p99_alone, max_alone, count_alone = _p99(base, quiet, seconds)
