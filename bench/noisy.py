@@ -243,30 +243,32 @@ def _strict_queue(ctx: Context, conn: psycopg.Connection[Any]) -> Result:
                  "resource => 'strict_rows', noun => 'strict_row')")
     # Port 9 refuses connections: the first delivery fails and waits for its retry, and
     # strict order holds every later one behind it.
-    (sid,) = _subscribe(conn, "noisy", 1, "http://127.0.0.1:9/strict",
-                        ["strict_row.create"], None, resource="strict_rows")
-    conn.execute("UPDATE webhooks.subscriptions SET ordering = 'strict' WHERE id = %s",
-                 (sid,))
-    conn.execute("INSERT INTO public.strict_rows (a) SELECT g FROM generate_series(1, %s) g",
-                 (queue,))
+    try:
+        (sid,) = _subscribe(conn, "noisy", 1, "http://127.0.0.1:9/strict",
+                            ["strict_row.create"], None, resource="strict_rows")
+        conn.execute("UPDATE webhooks.subscriptions SET ordering = 'strict' WHERE id = %s",
+                     (sid,))
+        conn.execute("INSERT INTO public.strict_rows (a)"
+                     " SELECT g FROM generate_series(1, %s) g", (queue,))
 
-    def held() -> bool:
-        row = conn.execute(
-            "SELECT (SELECT count(*) FROM webhooks.outbox),"
-            " (SELECT count(*) FROM webhooks.deliveries WHERE subscription_id = %s"
-            "   AND status = 'pending' AND attempts > 0 AND next_attempt_at > now()),"
-            " (SELECT count(*) FROM webhooks.deliveries WHERE subscription_id = %s"
-            "   AND status = 'pending')", (sid, sid)).fetchone()
-        return row is not None and row[0] == 0 and row[1] == 1 and row[2] == queue
+        def held() -> bool:
+            row = conn.execute(
+                "SELECT (SELECT count(*) FROM webhooks.outbox),"
+                " (SELECT count(*) FROM webhooks.deliveries WHERE subscription_id = %s"
+                "   AND status = 'pending' AND attempts > 0 AND next_attempt_at > now()),"
+                " (SELECT count(*) FROM webhooks.deliveries WHERE subscription_id = %s"
+                "   AND status = 'pending')", (sid, sid)).fetchone()
+            return row is not None and row[0] == 0 and row[1] == 1 and row[2] == queue
 
-    if not wait_until(held, 120, interval=0.1):
-        raise RuntimeError("the strict queue was not fanned out and held within 120 s")
-    beside = _quiet_drain(ctx, conn, QUIET_ROWS)
-    (pending,) = conn.execute("SELECT count(*) FROM webhooks.deliveries"
-                              " WHERE subscription_id = %s AND status = 'pending'",
-                              (sid,)).fetchone() or (0,)
-    _drop_owner(conn, "noisy")
-    conn.execute("DROP TABLE public.strict_rows")
+        if not wait_until(held, 120, interval=0.1):
+            raise RuntimeError("the strict queue was not fanned out and held within 120 s")
+        beside = _quiet_drain(ctx, conn, QUIET_ROWS)
+        (pending,) = conn.execute("SELECT count(*) FROM webhooks.deliveries"
+                                  " WHERE subscription_id = %s AND status = 'pending'",
+                                  (sid,)).fetchone() or (0,)
+    finally:
+        _drop_owner(conn, "noisy")
+        conn.execute("DROP TABLE public.strict_rows")
     ratio = beside / alone if beside is not None and alone else None
     return Result(
         "noisy_neighbour: quiet burst beside a strict queue held by its first delivery",
