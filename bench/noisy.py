@@ -48,6 +48,7 @@ from bench.common import (
     Result,
     ceiling_result,
     connect,
+    create_table,
     info_result,
     percentile,
     reset_service_state,
@@ -191,10 +192,7 @@ def _elsewhere(ctx: Context, conn: psycopg.Connection[Any]) -> Result:
     """The quiet owner's latency beside ELSEWHERE subscriptions to another table."""
     wait_until(lambda: _idle(conn), 120, interval=0.1)
     alone = _one_by_one(ctx, conn, ELSEWHERE_ROWS)
-    conn.execute("CREATE TABLE public.elsewhere_rows (id bigint GENERATED ALWAYS AS "
-                 "IDENTITY PRIMARY KEY, a integer)")
-    conn.execute("SELECT webhooks.attach('public.elsewhere_rows'::regclass, "
-                 "resource => 'elsewhere_rows', noun => 'elsewhere_row')")
+    create_table(conn, "elsewhere_rows", attach="elsewhere_rows")
     _subscribe(conn, "noisy", ELSEWHERE, ctx.target("noisy"), ["elsewhere_row.create"],
                None, resource="elsewhere_rows")
     conn.execute("ANALYZE webhooks.subscription_events")  # as autovacuum would, soon
@@ -237,10 +235,7 @@ def _strict_queue(ctx: Context, conn: psycopg.Connection[Any]) -> Result:
     queue = STRICT_QUEUE // 4 if ctx.quick else STRICT_QUEUE
     wait_until(lambda: _idle(conn), 120, interval=0.1)
     alone = _quiet_drain(ctx, conn, QUIET_ROWS)
-    conn.execute("CREATE TABLE public.strict_rows (id bigint GENERATED ALWAYS AS "
-                 "IDENTITY PRIMARY KEY, a integer)")
-    conn.execute("SELECT webhooks.attach('public.strict_rows'::regclass, "
-                 "resource => 'strict_rows', noun => 'strict_row')")
+    create_table(conn, "strict_rows", attach="strict_rows")
     # Port 9 refuses connections: the first delivery fails and waits for its retry, and
     # strict order holds every later one behind it.
     try:
