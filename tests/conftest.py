@@ -12,6 +12,7 @@ receiver; tests/e2e runs a worker, an API or a receiver.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -51,20 +52,41 @@ def _janitor(dbname: str, template: str | None = None, as_template: bool = False
     )
 
 
+class Templates:
+    """Migrated template databases, one per UTC day the session runs on: a fresh install
+    holds the queue partitions of its own day and the two after it, so a session that
+    crosses midnight UTC clones a template made on the new day."""
+
+    def __init__(self) -> None:
+        self._made: dict[datetime.date, DatabaseJanitor] = {}
+
+    def current(self) -> str:
+        today = datetime.datetime.now(datetime.UTC).date()
+        if today not in self._made:
+            name = f"webhooks_tpl_{uuid.uuid4().hex[:10]}"
+            janitor = _janitor(name)
+            janitor.init()
+            self._made[today] = janitor
+            url = with_dbname(SERVER_URL, name)
+            db.migrate(url)
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(
+                    db.SQL_DIR.joinpath("triggers", "example_invoices.sql").read_bytes())
+        return str(self._made[today].dbname)
+
+    def drop(self) -> None:
+        for janitor in self._made.values():
+            janitor.drop()
+
+
 @pytest.fixture(scope="session")
-def template_db() -> Iterator[str]:
-    """Name of a database migrated once per session, cloned by `db_url`."""
-    name = f"webhooks_tpl_{uuid.uuid4().hex[:10]}"
-    janitor = _janitor(name)
-    janitor.init()
+def template_db() -> Iterator[Templates]:
+    """The session's migrated templates, cloned by `db_url`."""
+    templates = Templates()
     try:
-        url = with_dbname(SERVER_URL, name)
-        db.migrate(url)
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(db.SQL_DIR.joinpath("triggers", "example_invoices.sql").read_bytes())
-        yield name
+        yield templates
     finally:
-        janitor.drop()
+        templates.drop()
 
 
 @contextlib.contextmanager
@@ -87,10 +109,10 @@ def empty_db() -> Iterator[str]:
 
 
 @pytest.fixture
-def db_url(template_db: str) -> Iterator[str]:
+def db_url(template_db: Templates) -> Iterator[str]:
     """URL of a fresh database for one test: migrated, with the invoices/payments example."""
     name = f"webhooks_t_{uuid.uuid4().hex[:10]}"
-    janitor = _janitor(name, template=template_db)
+    janitor = _janitor(name, template=template_db.current())
     janitor.init()
     try:
         yield with_dbname(SERVER_URL, name)

@@ -90,8 +90,8 @@ def test_ensure_partitions_is_idempotent_and_refuses_nonsense(
     before = days()
     made = conn.execute("SELECT webhooks.ensure_partitions(now() - interval '3 days',"
                         " now() + interval '4 days')").fetchone()
-    # The template made today and two days ahead when the session began (a day earlier
-    # if the session crossed midnight UTC): eight days in all now, three tables each.
+    # The template made today and two days ahead (conftest makes a new template when the
+    # session crosses midnight UTC): eight days in all now, three tables each.
     assert made == (days() - before,) and days() == 8 * 3
     again = conn.execute("SELECT webhooks.ensure_partitions(now() - interval '3 days',"
                          " now() + interval '4 days')").fetchone()
