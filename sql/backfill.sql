@@ -377,6 +377,9 @@ BEGIN
                done = v_paged < batch_size OR v_cursor = t.until_id
          WHERE x.backfill_id = t.backfill_id AND x.position = t.position;
         IF v_queued > 0 THEN
+            -- A strict subscription's new deliveries wait behind its head, parked
+            -- (sql/ordering.sql).
+            PERFORM webhooks.park_held(s.id, v_gate_id);
             -- Wake a waiting worker, as fan-out's commits do.
             PERFORM pg_notify('webhooks', '') FROM webhooks.wakeups LIMIT 1;
         END IF;

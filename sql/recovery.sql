@@ -1,6 +1,6 @@
 -- Redelivery and recovery: the one implementation that the REST API,
 -- the `webhooks` CLI and a DBA at a psql prompt all call. Re-applied by every
--- `webhooks migrate`, after sql/fanout.sql.
+-- `webhooks migrate`, after sql/fanout.sql and sql/ordering.sql.
 --
 -- Both keep delivery ids (receivers de-duplicate on them) and give the delivery a fresh
 -- retry schedule: `attempts` goes back to 0, so a delivery brought back after an outage
@@ -84,6 +84,9 @@ BEGIN
        AND (recover.until IS NULL OR d.created_at < recover.until);
     GET DIAGNOSTICS v_count = ROW_COUNT;
     IF v_count > 0 THEN
+        -- A strict subscription's requeued deliveries wait behind its head, parked
+        -- (sql/ordering.sql).
+        PERFORM webhooks.park_held(recover.subscription_id, 0);
         PERFORM pg_catalog.pg_notify('webhooks', '') FROM webhooks.wakeups LIMIT 1;
     END IF;
     RETURN v_count;

@@ -458,6 +458,9 @@ BEGIN
                done = v_paged < batch_size OR v_cursor = t.until_id
          WHERE x.backfill_id = t.backfill_id AND x.position = t.position;
         IF v_queued > 0 THEN
+            -- A strict subscription's new deliveries wait behind its head, parked
+            -- (sql/ordering.sql).
+            PERFORM webhooks.park_held(s.id, v_gate_id);
             -- Wake a waiting worker, as fan-out's commits do.
             PERFORM pg_notify('webhooks', '') FROM webhooks.wakeups LIMIT 1;
         END IF;
@@ -1292,6 +1295,12 @@ BEGIN
                      WHERE p.previous_secret_expires_at <= now()
                        FOR UPDATE SKIP LOCKED);
 
+    -- The backstop of strict ordering's parking (sql/ordering.sql): a strict
+    -- subscription's head left parked (its recorder died between the record and the
+    -- unpark) comes due. One index probe per strict subscription.
+    v_queued := v_queued + webhooks.unpark(ARRAY(SELECT s.id FROM webhooks.subscriptions s
+                                                  WHERE s.ordering = 'strict'))::integer;
+
     IF v_queued > 0 THEN
         -- Idle workers wake for the new deliveries (as the capture trigger would).
         PERFORM pg_notify('webhooks', '') FROM webhooks.wakeups LIMIT 1;
@@ -1438,6 +1447,37 @@ CREATE FUNCTION webhooks.pairing_key(table_name regclass, id_column text) RETURN
      LIMIT 1
 $$;
 
+CREATE FUNCTION webhooks.park_held(subscription_id bigint, from_id bigint) RETURNS bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_head bigint;
+    v_count bigint;
+BEGIN
+    PERFORM 1 FROM webhooks.subscriptions s
+     WHERE s.id = park_held.subscription_id AND s.ordering = 'strict' AND s.active;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    SELECT p.id INTO v_head FROM webhooks.deliveries p
+     WHERE p.subscription_id = park_held.subscription_id AND p.status = 'pending'
+     ORDER BY p.id LIMIT 1
+       FOR SHARE OF p SKIP LOCKED;
+    IF v_head IS NULL THEN
+        RETURN 0;
+    END IF;
+    UPDATE webhooks.deliveries d
+       SET next_attempt_at = 'infinity'
+     WHERE d.subscription_id = park_held.subscription_id AND d.status = 'pending'
+       AND d.id > v_head AND d.id >= park_held.from_id
+       AND d.lease_expires_at IS NULL AND d.next_attempt_at <= now();
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    PERFORM webhooks.unpark(ARRAY[park_held.subscription_id]);
+    RETURN v_count;
+END
+$$;
+
 CREATE FUNCTION webhooks.partition_bounds() RETURNS TABLE(parent text, partition text, lower_bound timestamp with time zone, upper_bound timestamp with time zone, detach_pending boolean)
     LANGUAGE sql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1500,6 +1540,9 @@ BEGIN
        AND (recover.until IS NULL OR d.created_at < recover.until);
     GET DIAGNOSTICS v_count = ROW_COUNT;
     IF v_count > 0 THEN
+        -- A strict subscription's requeued deliveries wait behind its head, parked
+        -- (sql/ordering.sql).
+        PERFORM webhooks.park_held(recover.subscription_id, 0);
         PERFORM pg_catalog.pg_notify('webhooks', '') FROM webhooks.wakeups LIMIT 1;
     END IF;
     RETURN v_count;
@@ -1774,6 +1817,20 @@ CREATE FUNCTION webhooks.subscription_json(s webhooks.subscriptions) RETURNS tex
         OPERATOR(pg_catalog.||) '}'
 $$;
 
+CREATE FUNCTION webhooks.subscription_ordering_changed() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF NEW.active AND NEW.ordering = 'strict' THEN
+        PERFORM webhooks.park_held(NEW.id, 0);
+    ELSE
+        PERFORM webhooks.unpark(ARRAY[NEW.id]);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
 CREATE FUNCTION webhooks.subscription_reactivated() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1870,6 +1927,39 @@ BEGIN
            SET subscriptions = w.subscriptions + excluded.subscriptions;
     END IF;
     RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION webhooks.unpark(subscription_ids bigint[]) RETURNS bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_heads bigint;
+    v_rest bigint;
+BEGIN
+    UPDATE webhooks.deliveries d
+       SET next_attempt_at = d.created_at
+      FROM (SELECT h.id, h.created_at
+              FROM webhooks.subscriptions s
+             CROSS JOIN LATERAL (
+                SELECT p.id, p.created_at, p.next_attempt_at FROM webhooks.deliveries p
+                 WHERE p.subscription_id = s.id AND p.status = 'pending'
+                 ORDER BY p.id LIMIT 1) h
+             WHERE s.id = ANY (unpark.subscription_ids)
+               AND s.ordering = 'strict' AND s.active
+               AND h.next_attempt_at = 'infinity') h
+     WHERE d.id = h.id AND d.created_at = h.created_at
+       AND d.status = 'pending' AND d.next_attempt_at = 'infinity';
+    GET DIAGNOSTICS v_heads = ROW_COUNT;
+    UPDATE webhooks.deliveries d
+       SET next_attempt_at = d.created_at
+     WHERE d.subscription_id IN (SELECT s.id FROM webhooks.subscriptions s
+                                  WHERE s.id = ANY (unpark.subscription_ids)
+                                    AND (s.ordering <> 'strict' OR NOT s.active))
+       AND d.status = 'pending' AND d.next_attempt_at = 'infinity';
+    GET DIAGNOSTICS v_rest = ROW_COUNT;
+    RETURN v_heads + v_rest;
 END
 $$;
 
@@ -2182,6 +2272,8 @@ CREATE TRIGGER subscriptions_3_registry_update AFTER UPDATE ON webhooks.subscrip
 
 CREATE TRIGGER subscriptions_4_registry_delete AFTER DELETE ON webhooks.subscriptions REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION webhooks.subscription_registry();
 
+CREATE TRIGGER subscriptions_5_ordering AFTER UPDATE OF active, ordering ON webhooks.subscriptions FOR EACH ROW WHEN (((old.active IS DISTINCT FROM new.active) OR (old.ordering IS DISTINCT FROM new.ordering))) EXECUTE FUNCTION webhooks.subscription_ordering_changed();
+
 CREATE TRIGGER subscriptions_9_doc BEFORE INSERT OR UPDATE ON webhooks.subscriptions FOR EACH ROW EXECUTE FUNCTION webhooks.subscription_doc();
 
 CREATE TRIGGER subscriptions_forget_deliveries AFTER DELETE ON webhooks.subscriptions REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION webhooks.forget_deliveries();
@@ -2270,6 +2362,8 @@ REVOKE ALL ON FUNCTION webhooks.ordered_json(value json) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.pairing_key(table_name regclass, id_column text) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION webhooks.park_held(subscription_id bigint, from_id bigint) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION webhooks.partition_bounds() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.probe_lock_class() FROM PUBLIC;
@@ -2296,6 +2390,10 @@ REVOKE ALL ON FUNCTION webhooks.subscription_doc() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.subscription_json(s webhooks.subscriptions) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION webhooks.subscription_ordering_changed() FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION webhooks.subscription_reactivated() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.subscription_registry() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION webhooks.unpark(subscription_ids bigint[]) FROM PUBLIC;

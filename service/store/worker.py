@@ -53,9 +53,15 @@ class WorkerQueries(AsyncQueries):
                                            "saturated_owners": saturated_owners})
         return row["wait"] if row else None
 
-    async def record(self, *, batch: str) -> None:
-        """Writes a JSON batch of finished attempts and their deliveries' new state."""
-        await self._run("record", {"batch": batch})
+    async def record(self, *, batch: str) -> list[int]:
+        """Writes a JSON batch of finished attempts and their deliveries' new state;
+        returns the strict subscriptions whose head finished, for `unpark`."""
+        row = await self._one("record", {"batch": batch})
+        return list(row["finished_strict"]) if row else []
+
+    async def unpark(self, *, subscription_ids: list[int]) -> None:
+        """The next delivery of each strict subscription comes due (sql/ordering.sql)."""
+        await self._one("unpark", {"subscription_ids": subscription_ids})
 
     async def stop_gone(self, *, subscription_ids: list[int]) -> None:
         """Deactivates the subscriptions whose targets answered that they are gone."""

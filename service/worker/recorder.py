@@ -33,11 +33,21 @@ async def record(store: Store, outcomes: Sequence[Outcome]) -> None:
                    if classify(o.status) is Answer.GONE})
     if not gone:
         # One statement, atomic by itself: one round trip, not BEGIN and COMMIT around it.
-        await store.record(batch=batch)
-        return
-    async with store.transaction() as s:
-        await s.record(batch=batch)
-        await s.stop_gone(subscription_ids=gone)
+        finished = await store.record(batch=batch)
+    else:
+        async with store.transaction() as s:
+            finished = await s.record(batch=batch)
+            await s.stop_gone(subscription_ids=gone)
+    if finished:
+        # After the record's commit, so that it sees what parkers committed while the
+        # record waited for a head's lock (sql/ordering.sql). The batch is written: a
+        # failure here is left to the lifecycle round, which unparks a head left parked,
+        # rather than raised for the batch to be written again.
+        try:
+            await store.unpark(subscription_ids=finished)
+        except StoreError as exc:
+            log.warning("unparking the next deliveries of strict subscriptions %s failed "
+                        "(the lifecycle round will): %s", finished, redact(str(exc)))
 
 
 def unreachable(exc: BaseException) -> bool:

@@ -20,9 +20,11 @@ SELECT id, active FROM webhooks.subscriptions WHERE id = %(id)s
 -- until, that stops after `limit` rows, however many deliveries the subscription has; the
 -- status and event filters are checked on the rows scanned. A cursor that names no
 -- delivery of the subscription (pruned meanwhile) ends the list rather than restarting it.
--- next_attempt_at is shown only while pending; last_status is the latest attempt's.
+-- next_attempt_at is shown only while pending and due at some time (null while a strict
+-- subscription's delivery waits behind an earlier one); last_status is the latest attempt's.
 SELECT d.id, e.name AS event, d.event_id, d.status, d.attempts, d.created_at,
-       CASE WHEN d.status = 'pending' THEN d.next_attempt_at END AS next_attempt_at,
+       CASE WHEN d.status = 'pending' AND d.next_attempt_at < 'infinity'
+            THEN d.next_attempt_at END AS next_attempt_at,
        d.finished_at,
        (SELECT a.status FROM webhooks.attempts a
          WHERE a.delivery_id = d.id ORDER BY a.id DESC LIMIT 1) AS last_status
@@ -47,7 +49,8 @@ SELECT d.id, e.name AS event, d.event_id, d.status, d.attempts, d.created_at,
 -- One delivery (of the given subscription, unless subscription_id is NULL) with the body
 -- as sent.
 SELECT d.id, e.name AS event, d.event_id, d.status, d.attempts, d.created_at,
-       CASE WHEN d.status = 'pending' THEN d.next_attempt_at END AS next_attempt_at,
+       CASE WHEN d.status = 'pending' AND d.next_attempt_at < 'infinity'
+            THEN d.next_attempt_at END AS next_attempt_at,
        d.finished_at,
        (SELECT a.status FROM webhooks.attempts a
          WHERE a.delivery_id = d.id ORDER BY a.id DESC LIMIT 1) AS last_status,

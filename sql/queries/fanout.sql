@@ -49,7 +49,7 @@ WITH lock AS (
     -- Active subscriptions that want the event, by index on (resource, event, tenant),
     -- in three arms so each is an index lookup: subscriptions without a tenant, those of
     -- the change's tenant, and every tenant's when the table has no tenant column.
-    -- Each arm is a lookup per change (the OFFSET 0 keeps it one): joined as a whole,
+    -- The arms are a lookup per change (the OFFSET 0 keeps them one): joined as a whole,
     -- the generic plan hashed every subscription of every resource for each batch (3 ms
     -- per fan-out beside 3,000 subscriptions of another resource).
     -- A subscription whose activation saw the writing transaction as committed (it was
@@ -64,38 +64,18 @@ WITH lock AS (
         SELECT se.subscription_id, se.active_since, se.filtered
           FROM webhooks.subscription_events se
          WHERE se.resource = ch.hook_resource AND se.event = ch.name AND se.tenant IS NULL
+        UNION ALL
+        SELECT se.subscription_id, se.active_since, se.filtered
+          FROM webhooks.subscription_events se
+         WHERE se.resource = ch.hook_resource AND se.event = ch.name
+           AND se.tenant = ch.tenant AND ch.tenant_scoped
+        UNION ALL
+        SELECT se.subscription_id, se.active_since, se.filtered
+          FROM webhooks.subscription_events se
+         WHERE se.resource = ch.hook_resource AND se.event = ch.name
+           AND se.tenant IS NOT NULL AND NOT ch.tenant_scoped
         OFFSET 0) se
      WHERE ch.problem IS NULL
-       AND (ch.xid IS NULL OR NOT pg_visible_in_snapshot(ch.xid, se.active_since))
-       AND (NOT se.filtered
-            OR webhooks.filter_passes((SELECT s.filter_path FROM webhooks.subscriptions s
-                                        WHERE s.id = se.subscription_id),
-                                      ch.row_data, ch.changed))
-    UNION ALL
-    SELECT ch.event_id, se.subscription_id
-      FROM changes ch
-     CROSS JOIN LATERAL (
-        SELECT se.subscription_id, se.active_since, se.filtered
-          FROM webhooks.subscription_events se
-         WHERE se.resource = ch.hook_resource AND se.event = ch.name
-           AND se.tenant = ch.tenant
-        OFFSET 0) se
-     WHERE ch.problem IS NULL AND ch.tenant_scoped
-       AND (ch.xid IS NULL OR NOT pg_visible_in_snapshot(ch.xid, se.active_since))
-       AND (NOT se.filtered
-            OR webhooks.filter_passes((SELECT s.filter_path FROM webhooks.subscriptions s
-                                        WHERE s.id = se.subscription_id),
-                                      ch.row_data, ch.changed))
-    UNION ALL
-    SELECT ch.event_id, se.subscription_id
-      FROM changes ch
-     CROSS JOIN LATERAL (
-        SELECT se.subscription_id, se.active_since, se.filtered
-          FROM webhooks.subscription_events se
-         WHERE se.resource = ch.hook_resource AND se.event = ch.name
-           AND se.tenant IS NOT NULL
-        OFFSET 0) se
-     WHERE ch.problem IS NULL AND NOT ch.tenant_scoped
        AND (ch.xid IS NULL OR NOT pg_visible_in_snapshot(ch.xid, se.active_since))
        AND (NOT se.filtered
             OR webhooks.filter_passes((SELECT s.filter_path FROM webhooks.subscriptions s
@@ -124,10 +104,24 @@ WITH lock AS (
      WHERE ch.event_id IN (SELECT event_id FROM matched)
     RETURNING id
 ), created AS (
-    INSERT INTO webhooks.deliveries (event_id, subscription_id)
-    SELECT m.event_id, m.subscription_id
-      FROM matched m
-      JOIN kept k ON k.id = m.event_id
+    -- A strict subscription's delivery is parked (next_attempt_at 'infinity', out of the
+    -- claim's due range: sql/ordering.sql) behind the batch's earlier one, or behind the
+    -- subscription's pending head, which is locked so that a recorder finishing it
+    -- unparks what this parks; a head locked by another transaction is not waited for:
+    -- what comes after it is left due.
+    INSERT INTO webhooks.deliveries (event_id, subscription_id, next_attempt_at)
+    SELECT m.event_id, m.subscription_id,
+           CASE WHEN m.n > 1 OR h.held THEN 'infinity'::timestamptz ELSE now() END
+      FROM (SELECT m.*,
+                   CASE WHEN (SELECT s.ordering FROM webhooks.subscriptions s
+                               WHERE s.id = m.subscription_id) = 'strict'
+                        THEN row_number() OVER (PARTITION BY m.subscription_id
+                                                ORDER BY m.event_id) END AS n
+              FROM matched m JOIN kept k ON k.id = m.event_id) m
+      LEFT JOIN LATERAL (
+         SELECT true AS held FROM webhooks.deliveries p
+          WHERE m.n = 1 AND p.subscription_id = m.subscription_id AND p.status = 'pending'
+          ORDER BY p.id LIMIT 1 FOR SHARE OF p SKIP LOCKED) h ON true
      ORDER BY m.event_id, m.subscription_id
     RETURNING 1
 )

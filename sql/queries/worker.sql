@@ -22,17 +22,6 @@ WITH busy AS (
 ), busy_owners AS (
     SELECT owner, n
       FROM unnest(%(owner_names)s::text[], %(owner_counts)s::int[]) AS b (owner, n)
-), strict_heads AS MATERIALIZED (
-    -- A strict subscription sends only its first pending delivery, in
-    -- id order, which is event order: while one is in flight it is that first one
-    -- (leased, not due), and a failing one holds the later ones until it succeeds or
-    -- fails for good, across every worker. One index probe per strict subscription
-    -- (subscriptions_strict_idx), then a hash the scan below checks each row against.
-    SELECT (SELECT p.id FROM webhooks.deliveries p
-             WHERE p.subscription_id = s.id AND p.status = 'pending'
-             ORDER BY p.id LIMIT 1) AS id
-      FROM webhooks.subscriptions s
-     WHERE s.ordering = 'strict'
 ), candidates AS (
     SELECT d.id, d.created_at, d.subscription_id, d.event_id, s.owner, d.next_attempt_at,
            d.tableoid AS part, d.ctid AS tid
@@ -42,7 +31,16 @@ WITH busy AS (
        AND d.next_attempt_at <= now()
        AND d.subscription_id <> ALL (%(saturated)s::bigint[])
        AND s.owner <> ALL (%(saturated_owners)s::text[])
-       AND (s.ordering = 'unordered' OR d.id IN (SELECT h.id FROM strict_heads h))
+       -- A strict subscription sends only its first pending delivery, in id order,
+       -- which is event order: while one is in flight it is that first one (leased, not
+       -- due), and a failing one holds the later ones until it succeeds or fails for
+       -- good, across every worker. The ones behind it are parked out of the due range
+       -- (sql/ordering.sql), so this probe runs for heads, not for a held queue. An
+       -- inactive subscription's deliveries are all closed at once.
+       AND (s.ordering = 'unordered' OR NOT s.active
+            OR NOT EXISTS (SELECT 1 FROM webhooks.deliveries p
+                            WHERE p.subscription_id = d.subscription_id
+                              AND p.status = 'pending' AND p.id < d.id))
      ORDER BY d.next_attempt_at, d.id
      LIMIT %(scan)s
        FOR UPDATE OF d SKIP LOCKED
@@ -97,9 +95,10 @@ RETURNING d.id, d.attempts, d.subscription_id, c.owner, c.active, c.target, c.se
 -- name: next_due --
 -- Seconds until the earliest pending delivery of a subscription and owner not at their
 -- caps comes due (negative when one is due now), or NULL when none is pending.
+-- Parked deliveries (strict ordering's, next_attempt_at 'infinity') are not waited for.
 SELECT extract(epoch FROM min(d.next_attempt_at) - now())::float8 AS wait
   FROM webhooks.deliveries d
- WHERE d.status = 'pending'
+ WHERE d.status = 'pending' AND d.next_attempt_at < 'infinity'
    AND d.subscription_id <> ALL (%(saturated)s::bigint[])
    AND (cardinality(%(saturated_owners)s::text[]) = 0
         OR NOT EXISTS (SELECT 1 FROM webhooks.subscriptions s
@@ -137,10 +136,10 @@ WITH r AS (
     -- deadlocked, and one of them failed (the DELETE, when it had waited first). A
     -- subscription deleted meanwhile is not locked but left out, its outcomes with it:
     -- its deliveries went with it.
-    SELECT r.*, x.tableoid AS part, x.ctid AS tid
+    SELECT r.*, x.tableoid AS part, x.ctid AS tid, l.strict
       FROM r
      CROSS JOIN LATERAL (
-        SELECT s.id FROM webhooks.subscriptions s
+        SELECT s.id, s.ordering = 'strict' AS strict FROM webhooks.subscriptions s
          WHERE s.id = r.subscription_id
            FOR NO KEY UPDATE OF s) AS l
      CROSS JOIN LATERAL (
@@ -216,7 +215,16 @@ WITH r AS (
 )
 SELECT (SELECT count(*) FROM done) AS updated,
        (SELECT count(*) FROM logged) AS logged,
-       (SELECT count(*) FROM subs) AS subscriptions
+       (SELECT count(*) FROM subs) AS subscriptions,
+       -- The strict subscriptions whose head finished: the recorder unparks their next
+       -- delivery (`unpark`, a later statement, which sees what parkers committed while
+       -- this one waited for the head's lock: sql/ordering.sql).
+       ARRAY(SELECT DISTINCT f.subscription_id FROM found f
+              WHERE f.strict AND f.outcome <> 'pending') AS finished_strict
+
+-- name: unpark --
+-- The next delivery of each of these strict subscriptions comes due (sql/ordering.sql).
+SELECT webhooks.unpark(%(subscription_ids)s::bigint[]) AS unparked
 
 -- name: stop_gone --
 -- A target answered 410 Gone: its subscription is inactive now, and what was still

@@ -515,7 +515,7 @@ async def test_the_worker_queue_runs_on_generic_plans(db_url: str,
         async with pool.connection() as c:
             cur = await c.execute(
                 "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
-                " WHERE statement LIKE '%%strict_heads%%'")
+                " WHERE statement LIKE '%%busy_owners%%'")
             plans = await cur.fetchall()
     finally:
         await pool.close()
