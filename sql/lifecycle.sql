@@ -150,11 +150,11 @@ BEGIN
                      WHERE p.previous_secret_expires_at <= now()
                        FOR UPDATE SKIP LOCKED);
 
-    -- The backstop of strict ordering's parking (sql/ordering.sql): a strict
-    -- subscription's head left parked (its recorder died between the record and the
-    -- unpark) comes due. One index probe per strict subscription.
-    v_queued := v_queued + webhooks.unpark(ARRAY(SELECT s.id FROM webhooks.subscriptions s
-                                                  WHERE s.ordering = 'strict'))::integer;
+    -- The backstop of strict ordering's parking (sql/ordering.sql): a head left parked
+    -- (its recorder died between the record and the unpark) comes due, and so does
+    -- whatever an inactive or unordered subscription has parked. A few index probes per
+    -- subscription that has parked deliveries.
+    v_queued := v_queued + webhooks.unpark(webhooks.parked_subscriptions())::integer;
 
     IF v_queued > 0 THEN
         -- Idle workers wake for the new deliveries (as the capture trigger would).

@@ -13,9 +13,10 @@
 --     webhooks.unpark for it: the next pending delivery comes due;
 --   - a subscription made inactive, or no longer strict, has its parked deliveries
 --     unparked by a trigger (the claim closes an inactive subscription's deliveries);
---   - every lifecycle round (sql/lifecycle.sql) runs webhooks.unpark over the strict
---     subscriptions, so a head left parked by a crash between a record and its unpark
---     waits one round (at most 5 s), never for ever.
+--   - every lifecycle round (sql/lifecycle.sql) runs webhooks.unpark over the
+--     subscriptions that have parked deliveries, so a head left parked (a crash between
+--     a record and its unpark, a worker of the version before) waits one round (at most
+--     5 s), never for ever.
 -- A parker locks the head it parks behind (FOR SHARE, SKIP LOCKED, status = 'pending'
 -- re-checked on the newest version): the recorder's update of that head waits for the
 -- parker's commit, and its unpark, a later statement, sees what was parked. A head that
@@ -56,6 +57,24 @@ BEGIN
     GET DIAGNOSTICS v_rest = ROW_COUNT;
     RETURN v_heads + v_rest;
 END
+$$;
+
+-- The subscriptions that have parked deliveries: a skip scan of deliveries_parked_idx
+-- (migration 0014), one index probe per subscription found.
+CREATE OR REPLACE FUNCTION webhooks.parked_subscriptions() RETURNS bigint[]
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    WITH RECURSIVE found (id) AS (
+        (SELECT d.subscription_id FROM webhooks.deliveries d
+          WHERE d.status = 'pending' AND d.next_attempt_at = 'infinity'
+          ORDER BY d.subscription_id LIMIT 1)
+        UNION ALL
+        SELECT (SELECT d.subscription_id FROM webhooks.deliveries d
+                 WHERE d.status = 'pending' AND d.next_attempt_at = 'infinity'
+                   AND d.subscription_id > f.id
+                 ORDER BY d.subscription_id LIMIT 1)
+          FROM found f WHERE f.id IS NOT NULL
+    )
+    SELECT coalesce(array_agg(f.id), '{}') FROM found f WHERE f.id IS NOT NULL
 $$;
 
 -- Parks the due deliveries of a strict subscription that wait behind its head, from the
@@ -116,4 +135,5 @@ CREATE TRIGGER subscriptions_5_ordering
 
 REVOKE ALL ON FUNCTION webhooks.unpark(bigint[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION webhooks.park_held(bigint, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION webhooks.parked_subscriptions() FROM PUBLIC;
 REVOKE ALL ON FUNCTION webhooks.subscription_ordering_changed() FROM PUBLIC;

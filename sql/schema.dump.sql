@@ -1295,11 +1295,11 @@ BEGIN
                      WHERE p.previous_secret_expires_at <= now()
                        FOR UPDATE SKIP LOCKED);
 
-    -- The backstop of strict ordering's parking (sql/ordering.sql): a strict
-    -- subscription's head left parked (its recorder died between the record and the
-    -- unpark) comes due. One index probe per strict subscription.
-    v_queued := v_queued + webhooks.unpark(ARRAY(SELECT s.id FROM webhooks.subscriptions s
-                                                  WHERE s.ordering = 'strict'))::integer;
+    -- The backstop of strict ordering's parking (sql/ordering.sql): a head left parked
+    -- (its recorder died between the record and the unpark) comes due, and so does
+    -- whatever an inactive or unordered subscription has parked. A few index probes per
+    -- subscription that has parked deliveries.
+    v_queued := v_queued + webhooks.unpark(webhooks.parked_subscriptions())::integer;
 
     IF v_queued > 0 THEN
         -- Idle workers wake for the new deliveries (as the capture trigger would).
@@ -1476,6 +1476,24 @@ BEGIN
     PERFORM webhooks.unpark(ARRAY[park_held.subscription_id]);
     RETURN v_count;
 END
+$$;
+
+CREATE FUNCTION webhooks.parked_subscriptions() RETURNS bigint[]
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    WITH RECURSIVE found (id) AS (
+        (SELECT d.subscription_id FROM webhooks.deliveries d
+          WHERE d.status = 'pending' AND d.next_attempt_at = 'infinity'
+          ORDER BY d.subscription_id LIMIT 1)
+        UNION ALL
+        SELECT (SELECT d.subscription_id FROM webhooks.deliveries d
+                 WHERE d.status = 'pending' AND d.next_attempt_at = 'infinity'
+                   AND d.subscription_id > f.id
+                 ORDER BY d.subscription_id LIMIT 1)
+          FROM found f WHERE f.id IS NOT NULL
+    )
+    SELECT coalesce(array_agg(f.id), '{}') FROM found f WHERE f.id IS NOT NULL
 $$;
 
 CREATE FUNCTION webhooks.partition_bounds() RETURNS TABLE(parent text, partition text, lower_bound timestamp with time zone, upper_bound timestamp with time zone, detach_pending boolean)
@@ -2244,6 +2262,8 @@ CREATE INDEX deliveries_finished_idx ON ONLY webhooks.deliveries USING btree (fi
 
 CREATE INDEX deliveries_log_idx ON ONLY webhooks.deliveries USING btree (subscription_id, created_at, id);
 
+CREATE INDEX deliveries_parked_idx ON ONLY webhooks.deliveries USING btree (subscription_id, id) WHERE ((status = 'pending'::text) AND (next_attempt_at = 'infinity'::timestamp with time zone));
+
 CREATE INDEX deliveries_pending_idx ON ONLY webhooks.deliveries USING btree (subscription_id, id) WHERE (status = 'pending'::text);
 
 CREATE INDEX subscription_events_match_idx ON webhooks.subscription_events USING btree (resource, event, tenant);
@@ -2363,6 +2383,8 @@ REVOKE ALL ON FUNCTION webhooks.ordered_json(value json) FROM PUBLIC;
 REVOKE ALL ON FUNCTION webhooks.pairing_key(table_name regclass, id_column text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.park_held(subscription_id bigint, from_id bigint) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION webhooks.parked_subscriptions() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.partition_bounds() FROM PUBLIC;
 
