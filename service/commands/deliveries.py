@@ -61,8 +61,11 @@ def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     for r in rows:
         then = r["next_attempt_at"] if r["status"] == "pending" else r["finished_at"]
         last = "-" if r["last_status"] is None else str(r["last_status"])
+        # A pending delivery with no next attempt waits behind an earlier one (strict).
+        shown = "behind an earlier one" if r["status"] == "pending" and then is None \
+            else _when(then)
         print(f"{r['id']:>10}  {r['event']:<24} {r['status']:<10} {r['attempts']:>5} "
-              f"{last:>4}  {_when(r['created_at']):<19}  {_when(then)}")
+              f"{last:>4}  {_when(r['created_at']):<19}  {shown}")
     if len(rows) == args.limit:
         print(f"(more may remain: --before {rows[-1]['id']})")
     return 0

@@ -15,6 +15,7 @@ from typing import Any
 from tests.e2e.test_dashboard import DEADLINE_MS, poll_async, row_of
 from tests.support.api import Api
 from tests.support.receivers import Receiver, status
+from tests.support.worker import running_worker
 
 WIDTH, HEIGHT = 1280, 800
 LONG_PATH = "/hooks/" + "/".join(f"segment-{i}-of-a-rather-long-integration-path" for i in range(8))
@@ -221,3 +222,45 @@ async def test_a_chart_of_the_subscriptions_delivery_outcomes(api: Api, browser:
     await assert_inside(page, "chart")
     await page.screenshot(path="/tmp/dash-chart.png", full_page=True)
     await context.close()
+
+
+async def test_a_strict_queue_shows_what_waits_behind_its_first_delivery(
+        api: Api, browser: Any) -> None:
+    """A strict subscription whose first delivery fails: the log says the later ones wait
+    behind it, where an unordered delivery shows its next attempt's time."""
+    from playwright.async_api import expect
+
+    async with Receiver() as target:
+        response = await api.request("POST", "/api/v1/webhooks/", json={
+            "resource": "invoices", "events": "invoice.create", "target": target.url,
+            "ordering": "strict"})
+        assert response.status_code == 201, response.text
+        sid = response.json()["id"]
+        target.behaviour = status(503)
+        async with running_worker(api.db_url, retry_schedule=(30.0, 30.0)):
+            api.sql("INSERT INTO invoices (number, customer, amount)"
+                    " SELECT 'Q-' || i, 'c', 1 FROM generate_series(1, 3) i")
+
+            async def held() -> bool:
+                rows = api.sql("SELECT attempts FROM webhooks.deliveries"
+                               " WHERE subscription_id = %s AND status = 'pending'"
+                               " ORDER BY id", sid)
+                return len(rows) == 3 and rows[0][0] >= 1
+            await poll_async(held, "three queued behind a tried first delivery")
+            context, page = await connected(api, browser)
+            await row_of(page, target.url).get_by_role(
+                "button", name="Deliveries", exact=True).click()
+            log = page.locator("#delivery-rows tr")
+            await expect(log).to_have_count(3)
+            await expect(log.filter(has_text="behind an earlier one")).to_have_count(2)
+            # Newest first: the last row is the first delivery, its retry's time shown.
+            await expect(log.last).not_to_contain_text("behind an earlier one")
+            await expect(log.last).to_contain_text("UTC")
+            await log.first.get_by_role("button", name="Details").click()
+            await expect(page.locator("#delivery-fields")).to_contain_text(
+                "behind an earlier one")
+            shots = os.environ.get("WEBHOOKS_SCREENSHOT_DIR")
+            if shots:
+                await page.screenshot(path=str(Path(shots) / "strict-queue.png"),
+                                      full_page=True)
+            await context.close()

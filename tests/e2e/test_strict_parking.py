@@ -253,3 +253,15 @@ def test_a_recorder_finishing_the_head_waits_for_the_parker_and_unparks_its_deli
         recorder.join(10)
     assert not recorder.is_alive()
     assert [due for _, due, _ in queue(conn, sid)] == [True]
+
+
+def test_a_backfill_batch_waits_parked_behind_the_live_head(
+        conn: psycopg.Connection) -> None:
+    invoices(conn, 6, "OLD-")
+    sid = strict(conn, "http://127.0.0.1:9/")
+    invoices(conn, 1, "LIVE-")
+    conn.execute(db.query("fanout"), fanout_params(100, 1_000_000))
+    conn.execute("SELECT webhooks.start_backfill(%s)", (sid,))
+    step = conn.execute("SELECT queued FROM webhooks.backfill_step(4, 262144)").fetchone()
+    assert step == (4,)
+    assert [due for _, due, _ in queue(conn, sid)] == [True, False, False, False, False]

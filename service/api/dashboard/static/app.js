@@ -348,6 +348,13 @@ async function loadLatestBackfill() {
       : `Backfill ${b.id}: failed after ${rows}: ${b.error}`;
 }
 
+// A pending delivery with no next attempt waits behind an earlier one (strict ordering).
+const WAITING = "behind an earlier one";
+
+function nextAttemptCell(d) {
+  return d.status === "pending" && !d.next_attempt_at ? cell(WAITING) : timeCell(d.next_attempt_at);
+}
+
 function renderLog(deliveries) {
   const body = $("delivery-rows");
   clear(body);
@@ -355,7 +362,7 @@ function renderLog(deliveries) {
   for (const d of deliveries) {
     const row = el("tr", { attrs: { "data-delivery": d.id } },
       cell(d.id), cell(d.event), cell(d.status, `status-${d.status}`), cell(d.attempts),
-      cell(d.last_status), timeCell(d.created_at), timeCell(d.next_attempt_at),
+      cell(d.last_status), timeCell(d.created_at), nextAttemptCell(d),
       timeCell(d.finished_at),
       el("td", { class: "actions" },
         button("Details", () => run(() => openDelivery(d.id))),
@@ -427,7 +434,7 @@ async function openDelivery(id) {
   clear(fields);
   const rows = [["Event", data.event], ["Event id", data.event_id], ["Status", data.status],
     ["Attempts", data.attempts], ["Last status", data.last_status], ["Created", time(data.created_at)],
-    ["Next attempt", time(data.next_attempt_at)], ["Finished", time(data.finished_at)],
+    ["Next attempt", data.status === "pending" && !data.next_attempt_at ? WAITING : time(data.next_attempt_at)], ["Finished", time(data.finished_at)],
     ["webhook-id", `msg_${data.id}`]];
   for (const [name, value] of rows) {
     fields.append(el("dt", { text: name }), el("dd", { text: value === null || value === undefined ? "—" : value }));
