@@ -109,6 +109,9 @@ WITH lock AS (
     -- subscription's pending head, which is locked so that a recorder finishing it
     -- unparks what this parks; a head locked by another transaction is not waited for:
     -- what comes after it is left due.
+    -- Every matched event is kept (kept inserts the changes matched names), so the
+    -- deliveries come from matched alone: joined with kept, both estimated at one row in
+    -- the generic plan, they became a nested loop comparing 9,500 by 9,500 rows (10.6 s).
     INSERT INTO webhooks.deliveries (event_id, subscription_id, next_attempt_at)
     SELECT m.event_id, m.subscription_id,
            CASE WHEN m.n > 1 OR h.held THEN 'infinity'::timestamptz ELSE now() END
@@ -117,7 +120,7 @@ WITH lock AS (
                                WHERE s.id = m.subscription_id) = 'strict'
                         THEN row_number() OVER (PARTITION BY m.subscription_id
                                                 ORDER BY m.event_id) END AS n
-              FROM matched m JOIN kept k ON k.id = m.event_id) m
+              FROM matched m) m
       LEFT JOIN LATERAL (
          SELECT true AS held FROM webhooks.deliveries p
           WHERE m.n = 1 AND p.subscription_id = m.subscription_id AND p.status = 'pending'
