@@ -351,8 +351,12 @@ async function loadLatestBackfill() {
 // A pending delivery with no next attempt waits behind an earlier one (strict ordering).
 const WAITING = "behind an earlier one";
 
+function waiting(d) {
+  return d.status === "pending" && !d.next_attempt_at;
+}
+
 function nextAttemptCell(d) {
-  return d.status === "pending" && !d.next_attempt_at ? cell(WAITING) : timeCell(d.next_attempt_at);
+  return waiting(d) ? cell(WAITING) : timeCell(d.next_attempt_at);
 }
 
 function renderLog(deliveries) {
@@ -434,7 +438,7 @@ async function openDelivery(id) {
   clear(fields);
   const rows = [["Event", data.event], ["Event id", data.event_id], ["Status", data.status],
     ["Attempts", data.attempts], ["Last status", data.last_status], ["Created", time(data.created_at)],
-    ["Next attempt", data.status === "pending" && !data.next_attempt_at ? WAITING : time(data.next_attempt_at)], ["Finished", time(data.finished_at)],
+    ["Next attempt", waiting(data) ? WAITING : time(data.next_attempt_at)], ["Finished", time(data.finished_at)],
     ["webhook-id", `msg_${data.id}`]];
   for (const [name, value] of rows) {
     fields.append(el("dt", { text: name }), el("dd", { text: value === null || value === undefined ? "—" : value }));
