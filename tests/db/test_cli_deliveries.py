@@ -124,3 +124,18 @@ def test_errors(cli: Cli, conn: psycopg.Connection) -> None:
     code, _, err = cli("recover", str(sid), "--since", "2020-01-01T00:00:00Z")
     assert code == 1 and "inactive" in err
     assert conn.execute("SELECT status FROM webhooks.deliveries").fetchall() == [("failed",)]
+
+
+def test_list_says_a_parked_delivery_waits_behind_an_earlier_one(
+        cli: Cli, conn: psycopg.Connection) -> None:
+    """A strict subscription's delivery parked behind its head shows no time but why."""
+    sid, _ = subscribe(conn)
+    head = seed(conn, sid, "pending", "2026-11-20 09:00Z")
+    parked = seed(conn, sid, "pending", "2026-11-20 09:01Z")
+    conn.execute("UPDATE webhooks.deliveries SET next_attempt_at = 'infinity' WHERE id = %s",
+                 (parked,))
+    code, out, _ = cli("deliveries", "list", str(sid))
+    assert code == 0
+    lines = {int(line.split()[0]): line for line in out.splitlines()[1:]}
+    assert lines[parked].endswith("behind an earlier one")
+    assert not lines[head].endswith("behind an earlier one")
