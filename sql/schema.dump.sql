@@ -500,6 +500,44 @@ CREATE FUNCTION webhooks.body_member(name text, value text, max_bytes integer) R
            END
 $$;
 
+CREATE FUNCTION webhooks.capture_settings(a webhooks.attachments) RETURNS text
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_needed text[] := '{}';
+    v_column record;
+BEGIN
+    FOR v_column IN
+        -- The row's columns (an UPDATE carries them even without include_row), as JSON
+        -- when built in; the id and parent as JSON; tenant, user and the pairing key as text.
+        SELECT t.atttypid AS typ,
+               webhooks.json_safe_type(t.atttypid)
+               AND NOT coalesce(t.attname = ANY (ARRAY[a.tenant_column, a.user_column]
+                                                 || coalesce(a.key_columns,
+                                                             ARRAY[a.id_column])), false)
+                   AS as_json
+          FROM pg_attribute t
+         WHERE t.attrelid = a.table_oid AND t.attnum > 0 AND NOT t.attisdropped
+           AND ((NOT t.attname = ANY (a.exclude_columns)
+                 AND (a.columns IS NULL OR t.attname = ANY (a.columns)))
+                OR t.attname = ANY (ARRAY[a.id_column, a.parent_column, a.tenant_column,
+                                          a.user_column] || a.key_columns))
+    LOOP
+        -- A column both in the row (as JSON) and a key or tenant (as text) counts as
+        -- text: its text form needs at least what its JSON form does.
+        v_needed := v_needed || webhooks.output_settings(v_column.typ, v_column.as_json);
+    END LOOP;
+    RETURN concat(
+        CASE WHEN 'TimeZone' = ANY (v_needed) THEN 'SET "TimeZone" = ''UTC'' ' END,
+        CASE WHEN 'DateStyle' = ANY (v_needed) THEN 'SET "DateStyle" = ''ISO, YMD'' ' END,
+        CASE WHEN 'IntervalStyle' = ANY (v_needed)
+             THEN 'SET "IntervalStyle" = ''postgres'' ' END,
+        CASE WHEN 'extra_float_digits' = ANY (v_needed) THEN 'SET extra_float_digits = 1 ' END,
+        CASE WHEN 'bytea_output' = ANY (v_needed) THEN 'SET bytea_output = ''hex'' ' END);
+END
+$$;
+
 CREATE FUNCTION webhooks.capture_source(a webhooks.attachments) RETURNS text
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -646,14 +684,12 @@ $src$,
         v_tag := v_tag || '_';
     END LOOP;
     -- The writer's session may say anything about how values become text (their JSON in
-    -- the outbox, the text form of other types): the function sets what it depends on,
-    -- for its own duration only, so one change makes the same event from any session.
+    -- the outbox, the text form of other types): the function sets what its columns
+    -- depend on (webhooks.capture_settings), for its own duration only, so one change
+    -- makes the same event from any session.
     RETURN format('CREATE OR REPLACE FUNCTION webhooks.%I() RETURNS trigger '
-                  'LANGUAGE plpgsql SECURITY DEFINER '
-                  'SET "TimeZone" = ''UTC'' SET "DateStyle" = ''ISO, YMD'' '
-                  'SET "IntervalStyle" = ''postgres'' SET extra_float_digits = 1 '
-                  'SET bytea_output = ''hex'' AS $%s$%s$%s$',
-                  'capture_' || a.id, v_tag, v_body, v_tag);
+                  'LANGUAGE plpgsql SECURITY DEFINER %s AS $%s$%s$%s$',
+                  'capture_' || a.id, webhooks.capture_settings(a), v_tag, v_body, v_tag);
 END
 $_$;
 
@@ -1425,6 +1461,46 @@ CREATE FUNCTION webhooks.ordered_json(value json) RETURNS text
     LANGUAGE sql STABLE
     AS $$
     SELECT o.json_text FROM webhooks.json_in_order(value) o
+$$;
+
+CREATE FUNCTION webhooks.output_settings(typ oid, as_json boolean) RETURNS text[]
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    t record;
+    c_all CONSTANT text[] :=
+        ARRAY['TimeZone', 'DateStyle', 'IntervalStyle', 'extra_float_digits', 'bytea_output'];
+BEGIN
+    LOOP
+        SELECT p.typtype, p.typbasetype, p.typelem, p.typcategory INTO t
+          FROM pg_type p WHERE p.oid = output_settings.typ;
+        IF NOT FOUND THEN
+            RETURN c_all;
+        ELSIF t.typtype = 'd' THEN
+            typ := t.typbasetype;
+        ELSIF t.typcategory = 'A' AND t.typelem <> 0 THEN
+            typ := t.typelem;
+        ELSE
+            EXIT;
+        END IF;
+    END LOOP;
+    RETURN CASE
+        WHEN typ IN ('bool'::regtype, 'char'::regtype, 'name'::regtype, 'int2'::regtype,
+                     'int4'::regtype, 'int8'::regtype, 'oid'::regtype, 'numeric'::regtype,
+                     'text'::regtype, 'varchar'::regtype, 'bpchar'::regtype,
+                     'uuid'::regtype, 'json'::regtype, 'jsonb'::regtype)
+            THEN '{}'::text[]
+        WHEN typ IN ('float4'::regtype, 'float8'::regtype) THEN ARRAY['extra_float_digits']
+        WHEN typ = 'bytea'::regtype THEN ARRAY['bytea_output']
+        WHEN typ = 'interval'::regtype THEN ARRAY['IntervalStyle']
+        WHEN typ IN ('date'::regtype, 'timestamp'::regtype) THEN
+            CASE WHEN as_json THEN '{}'::text[] ELSE ARRAY['DateStyle'] END
+        WHEN typ = 'timestamptz'::regtype THEN
+            CASE WHEN as_json THEN ARRAY['TimeZone'] ELSE ARRAY['TimeZone', 'DateStyle'] END
+        WHEN typ IN ('time'::regtype, 'timetz'::regtype) THEN ARRAY['DateStyle']
+        ELSE c_all END;
+END
 $$;
 
 CREATE FUNCTION webhooks.pairing_key(table_name regclass, id_column text) RETURNS text[]
@@ -2324,6 +2400,8 @@ REVOKE ALL ON FUNCTION webhooks.backfill_step(batch_size integer, max_row_bytes 
 
 REVOKE ALL ON FUNCTION webhooks.body_member(name text, value text, max_bytes integer) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION webhooks.capture_settings(a webhooks.attachments) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION webhooks.capture_source(a webhooks.attachments) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.change_rows(o webhooks.outbox, careful boolean) FROM PUBLIC;
@@ -2379,6 +2457,8 @@ REVOKE ALL ON FUNCTION webhooks.on_alter_table() FROM PUBLIC;
 REVOKE ALL ON FUNCTION webhooks.on_drop() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.ordered_json(value json) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION webhooks.output_settings(typ oid, as_json boolean) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.pairing_key(table_name regclass, id_column text) FROM PUBLIC;
 
