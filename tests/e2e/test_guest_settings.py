@@ -386,3 +386,24 @@ def test_capture_pins_the_settings_its_columns_depend_on(
     # The server's defaults and the writer's hostile formats made the same events.
     assert len(rows) == 4, rows
     assert rows[0] == rows[1] and rows[2] == rows[3]
+
+
+def test_a_retyped_or_added_column_brings_its_settings(conn: psycopg.Connection) -> None:
+    def pinned() -> set[str]:
+        row = conn.execute(
+            "SELECT coalesce(p.proconfig, '{}') FROM pg_proc p"
+            " JOIN webhooks.attachments a ON p.proname = 'capture_' || a.id"
+            " WHERE a.table_oid = 'public.retyped'::regclass").fetchone()
+        assert row is not None
+        return {c.split("=", 1)[0] for c in row[0]}
+
+    conn.execute("CREATE TABLE public.retyped (id integer PRIMARY KEY, v integer)")
+    conn.execute("SELECT webhooks.attach('public.retyped', resource => 'retyped',"
+                 " noun => 'retyped')")
+    assert pinned() == set()
+    conn.execute("ALTER TABLE retyped ALTER COLUMN v TYPE timestamptz USING NULL")
+    assert pinned() == {"TimeZone"}
+    conn.execute("ALTER TABLE retyped ADD COLUMN blob bytea")
+    assert pinned() == {"TimeZone", "bytea_output"}
+    conn.execute("ALTER TABLE retyped DROP COLUMN v")
+    assert pinned() == {"bytea_output"}
