@@ -519,10 +519,9 @@ BEGIN
                    AS as_json
           FROM pg_attribute t
          WHERE t.attrelid = a.table_oid AND t.attnum > 0 AND NOT t.attisdropped
-           AND ((NOT t.attname = ANY (a.exclude_columns)
-                 AND (a.columns IS NULL OR t.attname = ANY (a.columns)))
-                OR t.attname = ANY (ARRAY[a.id_column, a.parent_column, a.tenant_column,
-                                          a.user_column] || a.key_columns))
+           AND t.attname = ANY (webhooks.row_columns(a)
+                                || ARRAY[a.id_column, a.parent_column, a.tenant_column,
+                                         a.user_column]::name[] || a.key_columns::name[])
     LOOP
         -- A column both in the row (as JSON) and a key or tenant (as text) counts as
         -- text: its text form needs at least what its JSON form does.
@@ -871,6 +870,29 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION webhooks.element_base_type(typ oid) RETURNS oid
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    t record;
+BEGIN
+    LOOP
+        SELECT p.typtype, p.typbasetype, p.typelem, p.typcategory INTO t
+          FROM pg_type p WHERE p.oid = element_base_type.typ;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        ELSIF t.typtype = 'd' THEN
+            typ := t.typbasetype;
+        ELSIF t.typcategory = 'A' AND t.typelem <> 0 THEN
+            typ := t.typelem;
+        ELSE
+            RETURN typ;
+        END IF;
+    END LOOP;
+END
+$$;
+
 CREATE FUNCTION webhooks.ensure_partitions(since timestamp with time zone, until timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1184,26 +1206,11 @@ CREATE FUNCTION webhooks.json_in_order(value json) RETURNS TABLE(json_text text)
 $$;
 
 CREATE FUNCTION webhooks.json_safe_type(typ oid) RETURNS boolean
-    LANGUAGE plpgsql STABLE
+    LANGUAGE sql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
-DECLARE
-    t record;
-BEGIN
-    LOOP
-        SELECT p.typtype, p.typbasetype, p.typelem, p.typcategory INTO t
-          FROM pg_type p WHERE p.oid = json_safe_type.typ;
-        IF NOT FOUND THEN
-            RETURN false;
-        ELSIF t.typtype = 'd' THEN
-            typ := t.typbasetype;
-        ELSIF t.typcategory = 'A' AND t.typelem <> 0 THEN
-            typ := t.typelem;
-        ELSE
-            RETURN typ < 16384;  -- FirstNormalObjectId: built into the server
-        END IF;
-    END LOOP;
-END
+    -- FirstNormalObjectId: built into the server.
+    SELECT coalesce(webhooks.element_base_type(json_safe_type.typ) < 16384, false)
 $$;
 
 CREATE FUNCTION webhooks.jsonb_problem(value json) RETURNS text
@@ -1468,23 +1475,10 @@ CREATE FUNCTION webhooks.output_settings(typ oid, as_json boolean) RETURNS text[
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    t record;
     c_all CONSTANT text[] :=
         ARRAY['TimeZone', 'DateStyle', 'IntervalStyle', 'extra_float_digits', 'bytea_output'];
 BEGIN
-    LOOP
-        SELECT p.typtype, p.typbasetype, p.typelem, p.typcategory INTO t
-          FROM pg_type p WHERE p.oid = output_settings.typ;
-        IF NOT FOUND THEN
-            RETURN c_all;
-        ELSIF t.typtype = 'd' THEN
-            typ := t.typbasetype;
-        ELSIF t.typcategory = 'A' AND t.typelem <> 0 THEN
-            typ := t.typelem;
-        ELSE
-            EXIT;
-        END IF;
-    END LOOP;
+    typ := webhooks.element_base_type(typ);
     RETURN CASE
         WHEN typ IN ('bool'::regtype, 'char'::regtype, 'name'::regtype, 'int2'::regtype,
                      'int4'::regtype, 'int8'::regtype, 'oid'::regtype, 'numeric'::regtype,
@@ -1678,6 +1672,17 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION webhooks.row_columns(a webhooks.attachments) RETURNS name[]
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT coalesce(array_agg(t.attname ORDER BY t.attnum), '{}')
+      FROM pg_attribute t
+     WHERE t.attrelid = a.table_oid AND t.attnum > 0 AND NOT t.attisdropped
+       AND NOT t.attname = ANY (a.exclude_columns)
+       AND (a.columns IS NULL OR t.attname = ANY (a.columns))
+$$;
+
 CREATE FUNCTION webhooks.row_sql(a webhooks.attachments) RETURNS text
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1687,13 +1692,7 @@ DECLARE
     v_args text[] := '{}';
     v_column name;
 BEGIN
-    FOR v_column IN
-        SELECT t.attname FROM pg_attribute t
-         WHERE t.attrelid = a.table_oid AND t.attnum > 0 AND NOT t.attisdropped
-           AND NOT t.attname = ANY (a.exclude_columns)
-           AND (a.columns IS NULL OR t.attname = ANY (a.columns))
-         ORDER BY t.attnum
-    LOOP
+    FOREACH v_column IN ARRAY webhooks.row_columns(a) LOOP
         v_args := v_args || format('%L, %s', v_column, webhooks.column_sql(a.table_oid, v_column));
         IF cardinality(v_args) = 50 THEN
             v_parts := v_parts || format('pg_catalog.json_build_object(%s)',
@@ -2420,6 +2419,8 @@ REVOKE ALL ON FUNCTION webhooks.drop_capture(table_name regclass) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.drop_capture_triggers(table_name regclass) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION webhooks.element_base_type(typ oid) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION webhooks.ensure_partitions(since timestamp with time zone, until timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.event_body(event_id bigint, name text, resource text, resource_id jsonb, user_id text, occurred_at timestamp with time zone, parent jsonb, members jsonb, changed jsonb) FROM PUBLIC;
@@ -2473,6 +2474,8 @@ REVOKE ALL ON FUNCTION webhooks.probe_lock_class() FROM PUBLIC;
 REVOKE ALL ON FUNCTION webhooks.recover(subscription_id bigint, since timestamp with time zone, until timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.redeliver(delivery_id bigint) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION webhooks.row_columns(a webhooks.attachments) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.row_sql(a webhooks.attachments) FROM PUBLIC;
 

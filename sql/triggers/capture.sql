@@ -30,28 +30,38 @@ CREATE OR REPLACE FUNCTION webhooks.probe_lock_class() RETURNS integer
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$ SELECT 2003331939 $$;  -- "whkc"
 
 
--- Whether json_build_object turns values of this type into JSON without consulting a cast
--- (PostgreSQL looks for a cast to json only for types that are not built in, after looking
--- through domains and into arrays).
-CREATE OR REPLACE FUNCTION webhooks.json_safe_type(typ oid) RETURNS boolean
+-- The type whose values a value of this type is written as: domains looked through to
+-- their base type and arrays into their element type, as json_build_object and the
+-- output functions do; NULL for a type that does not exist.
+CREATE OR REPLACE FUNCTION webhooks.element_base_type(typ oid) RETURNS oid
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     t record;
 BEGIN
     LOOP
         SELECT p.typtype, p.typbasetype, p.typelem, p.typcategory INTO t
-          FROM pg_type p WHERE p.oid = json_safe_type.typ;
+          FROM pg_type p WHERE p.oid = element_base_type.typ;
         IF NOT FOUND THEN
-            RETURN false;
+            RETURN NULL;
         ELSIF t.typtype = 'd' THEN
             typ := t.typbasetype;
         ELSIF t.typcategory = 'A' AND t.typelem <> 0 THEN
             typ := t.typelem;
         ELSE
-            RETURN typ < 16384;  -- FirstNormalObjectId: built into the server
+            RETURN typ;
         END IF;
     END LOOP;
 END
+$$;
+
+
+-- Whether json_build_object turns values of this type into JSON without consulting a cast
+-- (PostgreSQL looks for a cast to json only for types that are not built in, after looking
+-- through domains and into arrays).
+CREATE OR REPLACE FUNCTION webhooks.json_safe_type(typ oid) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    -- FirstNormalObjectId: built into the server.
+    SELECT coalesce(webhooks.element_base_type(json_safe_type.typ) < 16384, false)
 $$;
 
 
@@ -80,6 +90,18 @@ END
 $$;
 
 
+-- The columns that may leave the database in an event's row, in table order: all but the
+-- excluded ones, or the attachment's `columns` only.
+CREATE OR REPLACE FUNCTION webhooks.row_columns(a webhooks.attachments) RETURNS name[]
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce(array_agg(t.attname ORDER BY t.attnum), '{}')
+      FROM pg_attribute t
+     WHERE t.attrelid = a.table_oid AND t.attnum > 0 AND NOT t.attisdropped
+       AND NOT t.attname = ANY (a.exclude_columns)
+       AND (a.columns IS NULL OR t.attname = ANY (a.columns))
+$$;
+
+
 -- The JSON object of the columns that may leave the database, in table order.
 -- json_build_object takes at most 100 arguments, so wider rows are built in parts and
 -- joined as text.
@@ -90,13 +112,7 @@ DECLARE
     v_args text[] := '{}';
     v_column name;
 BEGIN
-    FOR v_column IN
-        SELECT t.attname FROM pg_attribute t
-         WHERE t.attrelid = a.table_oid AND t.attnum > 0 AND NOT t.attisdropped
-           AND NOT t.attname = ANY (a.exclude_columns)
-           AND (a.columns IS NULL OR t.attname = ANY (a.columns))
-         ORDER BY t.attnum
-    LOOP
+    FOREACH v_column IN ARRAY webhooks.row_columns(a) LOOP
         v_args := v_args || format('%L, %s', v_column, webhooks.column_sql(a.table_oid, v_column));
         IF cardinality(v_args) = 50 THEN
             v_parts := v_parts || format('pg_catalog.json_build_object(%s)',
@@ -156,23 +172,10 @@ $$;
 CREATE OR REPLACE FUNCTION webhooks.output_settings(typ oid, as_json boolean) RETURNS text[]
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    t record;
     c_all CONSTANT text[] :=
         ARRAY['TimeZone', 'DateStyle', 'IntervalStyle', 'extra_float_digits', 'bytea_output'];
 BEGIN
-    LOOP
-        SELECT p.typtype, p.typbasetype, p.typelem, p.typcategory INTO t
-          FROM pg_type p WHERE p.oid = output_settings.typ;
-        IF NOT FOUND THEN
-            RETURN c_all;
-        ELSIF t.typtype = 'd' THEN
-            typ := t.typbasetype;
-        ELSIF t.typcategory = 'A' AND t.typelem <> 0 THEN
-            typ := t.typelem;
-        ELSE
-            EXIT;
-        END IF;
-    END LOOP;
+    typ := webhooks.element_base_type(typ);
     RETURN CASE
         WHEN typ IN ('bool'::regtype, 'char'::regtype, 'name'::regtype, 'int2'::regtype,
                      'int4'::regtype, 'int8'::regtype, 'oid'::regtype, 'numeric'::regtype,
@@ -215,10 +218,9 @@ BEGIN
                    AS as_json
           FROM pg_attribute t
          WHERE t.attrelid = a.table_oid AND t.attnum > 0 AND NOT t.attisdropped
-           AND ((NOT t.attname = ANY (a.exclude_columns)
-                 AND (a.columns IS NULL OR t.attname = ANY (a.columns)))
-                OR t.attname = ANY (ARRAY[a.id_column, a.parent_column, a.tenant_column,
-                                          a.user_column] || a.key_columns))
+           AND t.attname = ANY (webhooks.row_columns(a)
+                                || ARRAY[a.id_column, a.parent_column, a.tenant_column,
+                                         a.user_column]::name[] || a.key_columns::name[])
     LOOP
         -- A column both in the row (as JSON) and a key or tenant (as text) counts as
         -- text: its text form needs at least what its JSON form does.
