@@ -74,7 +74,13 @@ def connections(sock: socket.socket) -> int:
         count += 1
 
 
-async def test_posts_and_reuses_its_connection() -> None:
+# Linux watches libcurl's sockets through the client's own epoll object; other systems
+# through the loop's add_reader and add_writer. Both are run here.
+WATCHERS = pytest.mark.parametrize("epoll", [True, False], ids=["epoll", "loop"])
+
+
+@WATCHERS
+async def test_posts_and_reuses_its_connection(epoll: bool) -> None:
     peers: set[tuple[str, int]] = set()
 
     async def answer(req: Received) -> web.StreamResponse:
@@ -82,15 +88,20 @@ async def test_posts_and_reuses_its_connection() -> None:
         peers.add(req.request.transport.get_extra_info("peername"))
         return web.Response(status=201, text="ok")
 
-    async with Receiver(behaviour=answer) as receiver, client() as curl:
+    async with Receiver(behaviour=answer) as receiver, client(watch_with_epoll=epoll) as curl:
         for _ in range(5):
             assert await post(curl, receiver.url) == (201, None, b"ok")
-        assert len(receiver.received) == 5
+        assert len(peers) == 1  # one keep-alive connection for all five
+        # Many at once, on at most 8 connections: each socket is watched while its
+        # answer is due and forgotten when its connection goes back to the pool.
+        answers = await asyncio.gather(*(post(curl, receiver.url) for _ in range(40)))
+        assert answers == [(201, None, b"ok")] * 40
+        assert len(receiver.received) == 45
+        assert 1 < len(peers) <= 8
         assert receiver.received[0].body == b'{"a": 1}'
         assert receiver.received[0].headers["Content-Type"] == "application/json"
         assert receiver.received[0].headers["Accept-Encoding"] == "identity"
         assert "Expect" not in receiver.received[0].headers
-        assert len(peers) == 1  # one keep-alive connection for all five
 
 
 async def test_never_follows_a_redirect() -> None:
@@ -166,7 +177,8 @@ async def test_reads_at_most_its_limits() -> None:
         assert (await post(curl, large.url))[0] == 500
 
 
-async def test_a_timeout_a_refusal_and_a_cancellation_leave_it_usable() -> None:
+@WATCHERS
+async def test_a_timeout_a_refusal_and_a_cancellation_leave_it_usable(epoll: bool) -> None:
     release = asyncio.Event()
 
     async def hang(req: Received) -> web.StreamResponse:
@@ -176,7 +188,8 @@ async def test_a_timeout_a_refusal_and_a_cancellation_leave_it_usable() -> None:
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         refused = f"http://127.0.0.1:{closed.getsockname()[1]}/"
-    async with Receiver(behaviour=hang) as hanging, Receiver() as healthy, client() as curl:
+    async with (Receiver(behaviour=hang) as hanging, Receiver() as healthy,
+                client(watch_with_epoll=epoll) as curl):
         try:
             with pytest.raises(TimeoutError):
                 await post(curl, hanging.url, timeout=0.3)
