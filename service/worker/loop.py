@@ -32,7 +32,7 @@ from service.worker import delivery
 from service.worker.attempts import Attempts
 from service.worker.backfill import backfill_loop
 from service.worker.delivery import Claim, Outcome
-from service.worker.fanout import FanoutBatch, drain_outbox, fanout_params
+from service.worker.fanout import FanoutBatch, FanoutSize, fan_out_batch, fanout_params
 from service.worker.lifecycle import interval as lifecycle_interval
 from service.worker.lifecycle import run_round as lifecycle_round
 from service.worker.listener import Listener
@@ -54,6 +54,9 @@ SLOW_AFTER = 1.0
 # most every ANALYZE_EVERY seconds): a burst outruns autovacuum's minute.
 ANALYZE_AFTER = 10_000
 ANALYZE_EVERY = 10.0
+
+# Seconds before the loop fans out again after a backlog's fan-out failed.
+CATCH_UP_RETRY = 0.5
 
 _worker_numbers = itertools.count(1)
 
@@ -92,12 +95,15 @@ class Worker:
         self.listener = Listener(settings.database_url, self.wake)
         self.wakeup = Wakeup(self.listener, batch_size=settings.batch_size,
                              poll_interval=settings.poll_interval)
+        self.fanout_size = FanoutSize(settings.batch_size)
         self._main: asyncio.Task[None] | None = None
         # Loop time of the next failure-lifecycle round (lifecycle.py).
         self._lifecycle_at = 0.0
         self._unanalysed = 0  # deliveries fanned out since the last analyze_current
         self._analyzed_at = float("-inf")
         self._analyzing: asyncio.Task[None] | None = None
+        # Fans out a backlog of the outbox beside the loop, which claims meanwhile.
+        self._catching_up: asyncio.Task[None] | None = None
 
     @property
     def pool(self) -> AsyncConnectionPool:
@@ -154,6 +160,8 @@ class Worker:
         finally:
             if self._analyzing is not None:
                 helpers.append(self._analyzing)
+            if self._catching_up is not None:
+                helpers.append(self._catching_up)
             await cancel_all(helpers)
             await self._drain(recorder)
             await self.wakeup.disarm(self.store)
@@ -188,13 +196,18 @@ class Worker:
             await asyncio.wait_for(self._stopping.wait(), seconds)
 
     async def _step(self) -> float:
-        """Fans out if due, claims what the slots allow; returns how long to wait."""
+        """Fans out if due, claims what the slots allow; returns how long to wait.
+
+        While a backlog is being fanned out beside the loop (_catch_up), the loop only
+        claims: the notifications that come meanwhile wait for the catch-up to end."""
         loop = asyncio.get_running_loop()
-        if self.wakeup.fanout_due(loop.time()):
+        if self._catching_up is None and self.wakeup.fanout_due(loop.time()):
             wait = await self._fan_out_and_claim()
             if wait is not None:
                 return wait
-            await self._fan_out()
+            # No free slot, or the batch failed on its data: fanned out beside the loop
+            # (carefully, when it must be).
+            self._start_catch_up()
             # Whatever made the outbox due (a commit, an API action's NOTIFY, the poll
             # interval) may have made deliveries due too.
             self.pacing.ask()
@@ -205,7 +218,7 @@ class Worker:
         now = loop.time()
         self.slots.mark_slow(now)
         await self._give_back_stranded()
-        until_fanout = max(self.wakeup.until_fanout(now), MIN_WAIT)
+        until_fanout = self._until_fanout(now)
         idle = self.pacing.idle(now)
         if idle is not None:
             return min(idle, until_fanout)
@@ -251,10 +264,11 @@ class Worker:
         if wanted == 0:
             return None
         self.stats.round_trips += 1
+        limit = self.fanout_size.limit
         try:
             batches, rows = await self.queue.fanout_and_claim(
                 FanoutBatch, Claim,
-                fanout=fanout_params(self.settings.batch_size, self.settings.max_row_bytes),
+                fanout=fanout_params(limit, self.settings.max_row_bytes),
                 claim=self.pacing.claim_params(wanted))
         except StoreRejected as exc:
             if exc.data_error:
@@ -270,26 +284,63 @@ class Worker:
         # claims would then wait out their lease).
         claims = delivery.in_start_order(rows)
         self._attempts.start(claims)
-        await self._fanned_out(batch.taken, batch.changes, batch.created, batch.locked)
-        if batch.locked and batch.taken >= self.settings.batch_size:
-            self.wakeup.notified()  # a backlog: the next step takes the next batch
+        if batch.locked:
+            self.fanout_size.learn(batch.taken, batch.changes, batch.created)
+        await self._fanned_out(batch.taken, batch.changes, batch.created, batch.locked, limit)
+        if batch.locked and batch.taken >= limit:
+            self._start_catch_up()  # a backlog: fanned out beside the loop's claims
         now = loop.time()
-        until_fanout = max(self.wakeup.until_fanout(now), MIN_WAIT)
-        return await self._paced(claims, wanted, now, until_fanout)
+        return await self._paced(claims, wanted, now, self._until_fanout(now))
 
-    async def _fan_out(self) -> None:
-        self.stats.round_trips += 1
+    def _until_fanout(self, now: float) -> float:
+        """Seconds until the loop looks at the outbox again: when it is due, or, while a
+        catch-up runs, when that ends (it wakes the loop)."""
+        if self._catching_up is not None:
+            return self.settings.poll_interval
+        return max(self.wakeup.until_fanout(now), MIN_WAIT)
+
+    def _start_catch_up(self) -> None:
+        if self._catching_up is None and not self._stopping.is_set():
+            self._catching_up = asyncio.create_task(self._catch_up(),
+                                                    name="webhooks-fanout-backlog")
+
+    async def _catch_up(self) -> None:
+        """Fans out the outbox batch by batch until it is empty, on a connection of its own,
+        while the loop claims and sends what each batch made: a backlog's fan-out no longer
+        holds every claim of the worker until it ends. Each batch wakes the loop."""
         try:
-            drained = await drain_outbox(self.store, self.settings.batch_size,
-                                         self.settings.max_row_bytes)
-        except BaseException:
-            self.wakeup.fanout_failed()
-            raise
-        await self._fanned_out(drained.taken, drained.changes, drained.created,
-                               drained.locked)
+            while not self._stopping.is_set():
+                limit = self.fanout_size.limit
+                self.stats.round_trips += 1
+                batch = await fan_out_batch(self.store, limit, self.settings.max_row_bytes)
+                if batch.locked:
+                    self.fanout_size.learn(batch.taken, batch.changes, batch.created)
+                await self._fanned_out(batch.taken, batch.changes, batch.created,
+                                       batch.locked, limit)
+                self.pacing.ask()
+                self._wake.set()
+                if not batch.locked or batch.taken < limit:
+                    return
+        except StoreError as exc:
+            log.warning("fanning out the outbox's backlog failed, retrying: %s", exc)
+            await self._retry_fanout()
+        except Exception:
+            log.exception("fanning out the outbox's backlog crashed; the loop tries again")
+            await self._retry_fanout()
+        finally:
+            self._catching_up = None
+            self._wake.set()
 
-    async def _fanned_out(self, taken: int, changes: int, created: int, locked: bool) -> None:
-        """Counts what a fan-out did and arms or disarms the wakeup as it asks."""
+    async def _retry_fanout(self) -> None:
+        """After a failed catch-up: the loop fans out again, after a pause (not at once, as
+        the database may be refusing every statement)."""
+        await self._pause(CATCH_UP_RETRY)
+        self.wakeup.fanout_failed()
+
+    async def _fanned_out(self, taken: int, changes: int, created: int, locked: bool,
+                          limit: int) -> None:
+        """Counts what a fan-out of at most `limit` statements a batch did, and arms or
+        disarms the wakeup as it asks."""
         self.stats.fanned_out += created
         self.metrics.fanned_out.inc(changes)
         self._unanalysed += created
@@ -298,7 +349,8 @@ class Worker:
                 and (self._analyzing is None or self._analyzing.done())):
             self._unanalysed, self._analyzed_at = 0, now
             self._analyzing = asyncio.create_task(self._analyze(), name="webhooks-analyze")
-        if locked and await self.wakeup.after_fanout(self.store, taken, now) is Step.DISARM:
+        if locked and await self.wakeup.after_fanout(self.store, taken, now,
+                                                     limit) is Step.DISARM:
             self.stats.disarmed += 1
 
     async def _analyze(self) -> None:

@@ -106,20 +106,23 @@ class Wakeup:
         """Seconds until the next outbox check is due without a notification."""
         return self.last_fanout + self.interval(now) - now
 
-    def decide(self, taken: int) -> Step:
-        """What a fan-out that took `taken` outbox rows asks of the row (points 3 and 4)."""
-        if taken >= self.batch_size:
+    def decide(self, taken: int, limit: int | None = None) -> Step:
+        """What a fan-out that took `taken` outbox rows of the `limit` it could take (the
+        batch size unless given) asks of the row (points 3 and 4)."""
+        full = self.batch_size if limit is None else limit
+        if taken >= full:
             return Step.DISARM if self.armed_pid is not None else Step.KEEP
-        if taken > self.batch_size // 2:
+        if taken > full // 2:
             return Step.KEEP  # between half and a full batch: no flapping
         pid = self.listener.pid
         if pid is None or pid == self.armed_pid:
             return Step.KEEP
         return Step.ARM
 
-    async def after_fanout(self, store: Store, taken: int, now: float) -> Step:
+    async def after_fanout(self, store: Store, taken: int, now: float,
+                           limit: int | None = None) -> Step:
         """Arms or disarms as `decide` says; returns the step taken."""
-        step = self.decide(taken)
+        step = self.decide(taken, limit)
         if step is Step.DISARM:
             await self.disarm(store)
         elif step is Step.ARM:
