@@ -305,14 +305,14 @@ class Worker:
                                                     name="webhooks-fanout-backlog")
 
     async def _catch_up(self) -> None:
-        """Fans out the outbox batch by batch until it is empty, on a connection of its own,
-        while the loop claims and sends what each batch made: a backlog's fan-out no longer
+        """Fans out the outbox batch by batch until it is empty, on a queue connection of its
+        own, while the loop claims and sends what each batch made: a backlog's fan-out no longer
         holds every claim of the worker until it ends. Each batch wakes the loop."""
         try:
             while not self._stopping.is_set():
                 limit = self.fanout_size.limit
                 self.stats.round_trips += 1
-                batch = await fan_out_batch(self.store, limit, self.settings.max_row_bytes)
+                batch = await fan_out_batch(self.queue, limit, self.settings.max_row_bytes)
                 if batch.locked:
                     self.fanout_size.learn(batch.taken, batch.changes, batch.created)
                 await self._fanned_out(batch.taken, batch.changes, batch.created,
@@ -385,8 +385,9 @@ async def open_worker(settings: Settings, *, concurrency: int,
     """A started Worker with its own pools and HTTP session, all closed on exit."""
     pool = make_pool(settings.database_url, min_size=2,
                      max_size=max(2, settings.pool_size), name="worker")
-    # The loop's fan-out and claim, and the recorder: one statement each at a time.
-    queue = make_pool(settings.database_url, min_size=2, max_size=2, name="worker-queue",
+    # The loop's fan-out and claim, the recorder, and the fan-out of a backlog beside the
+    # loop: one statement each at a time.
+    queue = make_pool(settings.database_url, min_size=2, max_size=3, name="worker-queue",
                       settings=QUEUE_SETTINGS)
     async with contextlib.AsyncExitStack() as stack:
         await pool.open(wait=True)
