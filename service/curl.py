@@ -158,7 +158,8 @@ class _Epoll:
         self._masks: dict[int, int] = {}
         loop.add_reader(self._epoll.fileno(), self._ready)
 
-    def watch(self, fd: int, what: int) -> None:
+    def on_socket(self, what: int, fd: int, multi: Any, data: Any) -> None:
+        """libcurl's socket callback (CURLMOPT_SOCKETFUNCTION)."""
         epoll = self._epoll
         if what == pycurl.POLL_REMOVE:
             if self._masks.pop(fd, None) is not None:
@@ -225,7 +226,7 @@ class CurlClient:
                        if watch_with_epoll and hasattr(select, "epoll") else None)
         self._multi = pycurl.CurlMulti()
         self._multi.setopt(pycurl.M_SOCKETFUNCTION,
-                           self._on_socket if self._epoll is None else self._on_epoll_socket)
+                           self._on_socket if self._epoll is None else self._epoll.on_socket)
         self._multi.setopt(pycurl.M_TIMERFUNCTION, self._on_timer)
         self._multi.setopt(pycurl.M_MAX_TOTAL_CONNECTIONS, max(1, max_connections))
         self._multi.setopt(pycurl.M_MAXCONNECTS, max(1, max_connections))
@@ -349,10 +350,6 @@ class CurlClient:
         return [entry]
 
     # The loop's side of libcurl's multi socket interface.
-
-    def _on_epoll_socket(self, what: int, fd: int, multi: Any, data: Any) -> None:
-        assert self._epoll is not None
-        self._epoll.watch(fd, what)
 
     def _on_socket(self, what: int, fd: int, multi: Any, data: Any) -> None:
         loop = self._loop

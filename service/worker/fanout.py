@@ -116,20 +116,15 @@ class Drained:
 
 
 async def drain_outbox(store: Store, batch_size: int,
-                       max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
-                       size: FanoutSize | None = None) -> Drained:
-    """Fans out batches until the outbox is empty (or another worker is doing it): of
-    `batch_size` statements, or as many as `size` says (and teaches it)."""
+                       max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> Drained:
+    """Fans out batches until the outbox is empty (or another worker is doing it)."""
     done = Drained()
     while True:
-        limit = batch_size if size is None else size.limit
-        batch = await fan_out_batch(store, limit, max_row_bytes)
-        if size is not None and batch.locked:
-            size.learn(batch.taken, batch.changes, batch.created)
+        batch = await fan_out_batch(store, batch_size, max_row_bytes)
         done.taken += batch.taken
         done.changes += batch.changes
         done.created += batch.created
         done.rejected += batch.rejected
         done.locked = batch.locked
-        if not batch.locked or batch.taken < limit:
+        if not batch.locked or batch.taken < batch_size:
             return done

@@ -284,8 +284,6 @@ class Worker:
         # claims would then wait out their lease).
         claims = delivery.in_start_order(rows)
         self._attempts.start(claims)
-        if batch.locked:
-            self.fanout_size.learn(batch.taken, batch.changes, batch.created)
         await self._fanned_out(batch.taken, batch.changes, batch.created, batch.locked, limit)
         if batch.locked and batch.taken >= limit:
             self._start_catch_up()  # a backlog: fanned out beside the loop's claims
@@ -313,8 +311,6 @@ class Worker:
                 limit = self.fanout_size.limit
                 self.stats.round_trips += 1
                 batch = await fan_out_batch(self.queue, limit, self.settings.max_row_bytes)
-                if batch.locked:
-                    self.fanout_size.learn(batch.taken, batch.changes, batch.created)
                 await self._fanned_out(batch.taken, batch.changes, batch.created,
                                        batch.locked, limit)
                 self.pacing.ask()
@@ -339,8 +335,10 @@ class Worker:
 
     async def _fanned_out(self, taken: int, changes: int, created: int, locked: bool,
                           limit: int) -> None:
-        """Counts what a fan-out of at most `limit` statements a batch did, and arms or
-        disarms the wakeup as it asks."""
+        """Counts what a fan-out of at most `limit` statements a batch did, sizes the next
+        one from it, and arms or disarms the wakeup as it asks."""
+        if locked:
+            self.fanout_size.learn(taken, changes, created)
         self.stats.fanned_out += created
         self.metrics.fanned_out.inc(changes)
         self._unanalysed += created
