@@ -74,8 +74,14 @@ WITH busy AS (
         SELECT s.owner, s.active, s.target, s.secret, s.previous_secret,
                s.previous_secret_expires_at
           FROM webhooks.subscriptions s WHERE s.id = c.subscription_id LIMIT 1) s
+     -- The event is looked up newest partition first (its key is (id, created_at), so each
+     -- partition's index gives that order and the Append stops at the first found): a
+     -- due delivery's event is almost always in today's partition, and the oldest-first
+     -- order probed every day kept before it (with 30 days of partitions, 21 us of each
+     -- claimed delivery's 50).
      CROSS JOIN LATERAL (
-        SELECT e.name, e.body FROM webhooks.events e WHERE e.id = c.event_id LIMIT 1) e
+        SELECT e.name, e.body FROM webhooks.events e WHERE e.id = c.event_id
+         ORDER BY e.created_at DESC LIMIT 1) e
 )
 UPDATE webhooks.deliveries d
    SET attempts = d.attempts + 1,

@@ -265,6 +265,31 @@ def reads_a_table_whole(plan: str) -> bool:
                and "cost=0.00..0.00 " not in line for line in plan.splitlines())
 
 
+CLAIM_ALL = {"limit": 100, "scan": 1000, "per_target": 1000, "per_owner": 1000,
+             "lease": 60.0, "busy_ids": [], "busy_counts": [], "saturated": [],
+             "degraded": [], "owner_names": [], "owner_counts": [], "saturated_owners": []}
+
+
+def test_claim_finds_each_event_in_the_newest_partitions_first(
+        seeded: psycopg.Connection) -> None:
+    """A claimed delivery's event is looked up from the newest day back, stopping where it
+    is found: the days before it are never read (oldest first, every day of the retention
+    before it was probed for each delivery)."""
+    conn = seeded
+    with conn.transaction(force_rollback=True), conn.cursor() as cur:
+        for name, value in QUEUE_SETTINGS.items():
+            cur.execute("SELECT set_config(%s, %s, true)", (name, value))
+        rows = cur.execute(b"EXPLAIN (ANALYZE, COSTS OFF) " + db.query("claim").encode(),
+                           CLAIM_ALL).fetchall()
+    text = "\n".join(r[0] for r in rows)
+    scans = [line for line in text.splitlines() if re.search(r" on events_p\d+ ", line)]
+    read = [line for line in scans if "never executed" not in line]
+    assert len(scans) >= 10, text
+    # The pending deliveries are yesterday's: the days ahead (empty), today and yesterday.
+    assert 1 <= len(read) <= 4, "\n".join(read)
+    assert "rows=100 " in text.splitlines()[0], text  # all 100 claimed
+
+
 def test_claim_list_and_recover_use_their_indexes(seeded: psycopg.Connection) -> None:
     conn = seeded
     claim = plan(conn, "claim", {
