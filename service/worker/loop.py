@@ -284,6 +284,9 @@ class Worker:
         # claims would then wait out their lease).
         claims = delivery.in_start_order(rows)
         self._attempts.start(claims)
+        # The senders go first (a fresh change's POST is the latency that counts); the
+        # bookkeeping below waits one turn of the loop.
+        await asyncio.sleep(0)
         await self._fanned_out(batch.taken, batch.changes, batch.created, batch.locked, limit)
         if batch.locked and batch.taken >= limit:
             self._start_catch_up()  # a backlog: fanned out beside the loop's claims
