@@ -259,15 +259,15 @@ class CurlClient:
         handle.transfer = transfer
         self._busy[curl] = handle
         self._multi.add_handle(curl)
-        if self._timer is not None and self._timer_at == 0.0 and len(self._busy) == 1:
-            # libcurl asked (inside add_handle) to be called at once. The only transfer
-            # (a lone change's POST): done here, so the request is on its way before the
-            # loop runs whatever else is ready. Many at once (a burst) are started
-            # together by the loop's one call.
-            self._timer.cancel()
-            self._timer = None
-            self._act(pycurl.SOCKET_TIMEOUT, 0)
         try:
+            if self._timer is not None and self._timer_at == 0.0 and len(self._busy) == 1:
+                # libcurl asked (inside add_handle) to be called at once. The only
+                # transfer (a lone change's POST): done here, so the request is on its way
+                # before the loop runs whatever else is ready. Many at once (a burst) are
+                # started together by the loop's one call.
+                self._timer.cancel()
+                self._timer = None
+                self._act(pycurl.SOCKET_TIMEOUT, 0)
             status = await transfer.future
         finally:
             if self._busy.pop(curl, None) is not None:

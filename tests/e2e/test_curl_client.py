@@ -10,10 +10,12 @@ import contextlib
 import ipaddress
 import socket
 import ssl
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -102,6 +104,56 @@ async def test_posts_and_reuses_its_connection(epoll: bool) -> None:
         assert receiver.received[0].headers["Content-Type"] == "application/json"
         assert receiver.received[0].headers["Accept-Encoding"] == "identity"
         assert "Expect" not in receiver.received[0].headers
+
+
+@contextlib.contextmanager
+def threaded_receiver(arrived: list[float]) -> Iterator[str]:
+    """A keep-alive HTTP/1.1 target served by a thread of its own, off the event loop,
+    noting when each request has arrived whole; yields its URL."""
+
+    class Answer(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            arrived.append(time.monotonic())
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/hook"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+@WATCHERS
+async def test_a_lone_post_is_on_its_way_before_the_loop_turns(epoll: bool) -> None:
+    """The client's only transfer is started inside post(): on a kept-alive connection its
+    request reaches the target even while the loop is held up right after (a burst's
+    transfers are started together at the loop's next turn)."""
+    arrived: list[float] = []
+    with threaded_receiver(arrived) as url:
+        async with client(watch_with_epoll=epoll) as curl:
+            first = await post(curl, url)  # the connection, kept alive
+            task = asyncio.create_task(post(curl, url))
+            await asyncio.sleep(0)  # the task runs up to its first wait
+            deadline = time.monotonic() + 5.0
+            while len(arrived) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)  # the loop is held: nothing it schedules runs meanwhile
+            sent_while_held = len(arrived) == 2
+            second = await task
+    assert first == second == (200, None, b"ok")
+    assert sent_while_held, "the request waited for the loop's next turn"
 
 
 async def test_never_follows_a_redirect() -> None:
