@@ -29,7 +29,11 @@ SELECT d.id, e.name AS event, d.event_id, d.status, d.attempts, d.created_at,
        (SELECT a.status FROM webhooks.attempts a
          WHERE a.delivery_id = d.id ORDER BY a.id DESC LIMIT 1) AS last_status
   FROM webhooks.deliveries d
-  JOIN webhooks.events e ON e.id = d.event_id
+ -- Each delivery's event from the newest day back, stopping at the day that has it (a
+ -- join probed every day kept, for each row of the page).
+ CROSS JOIN LATERAL (
+    SELECT e.name FROM webhooks.events e WHERE e.id = d.event_id
+     ORDER BY e.created_at DESC LIMIT 1) e
  WHERE d.subscription_id = %(subscription_id)s
    AND (d.created_at, d.id) < (
            coalesce((SELECT c.created_at FROM webhooks.deliveries c
@@ -56,7 +60,9 @@ SELECT d.id, e.name AS event, d.event_id, d.status, d.attempts, d.created_at,
          WHERE a.delivery_id = d.id ORDER BY a.id DESC LIMIT 1) AS last_status,
        d.subscription_id, e.body
   FROM webhooks.deliveries d
-  JOIN webhooks.events e ON e.id = d.event_id
+ CROSS JOIN LATERAL (
+    SELECT e.name, e.body FROM webhooks.events e WHERE e.id = d.event_id
+     ORDER BY e.created_at DESC LIMIT 1) e
  WHERE d.id = %(id)s
    AND (%(subscription_id)s::bigint IS NULL OR d.subscription_id = %(subscription_id)s::bigint)
 

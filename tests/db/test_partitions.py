@@ -290,6 +290,25 @@ def test_claim_finds_each_event_in_the_newest_partitions_first(
     assert "rows=100 " in text.splitlines()[0], text  # all 100 claimed
 
 
+def test_the_delivery_log_finds_each_event_in_the_newest_partitions_first(
+        seeded: psycopg.Connection) -> None:
+    """A page of the delivery log reads each delivery's event from the newest day back: the
+    first page (the last day's deliveries) never reads the days before them (a join read
+    every day's index for each row)."""
+    conn = seeded
+    sid = conn.execute("SELECT min(id) FROM webhooks.subscriptions").fetchone()
+    assert sid is not None
+    rows = conn.execute(b"EXPLAIN (ANALYZE, COSTS OFF) " + db.query("deliveries_list").encode(), {
+        "subscription_id": sid[0], "before": None, "status": None, "event": None,
+        "since": None, "until": None, "limit": 100}).fetchall()
+    text = "\n".join(r[0] for r in rows)
+    scans = [line for line in text.splitlines() if re.search(r" on events_p\d+ ", line)]
+    read = [line for line in scans if "never executed" not in line]
+    assert len(scans) >= 10, text
+    assert 1 <= len(read) <= 4, "\n".join(read)
+    assert "rows=100 " in text.splitlines()[0], text
+
+
 def test_claim_list_and_recover_use_their_indexes(seeded: psycopg.Connection) -> None:
     conn = seeded
     claim = plan(conn, "claim", {
