@@ -155,6 +155,16 @@ class ConnectionQueries(AsyncQueries):
         await self._execute(sql.SQL("ALTER TABLE {} DETACH PARTITION {} {}").format(
             sql.Identifier("webhooks", parent), sql.Identifier("webhooks", partition), how))
 
+    async def current_partitions(self) -> list[str]:
+        """The deliveries partitions being filled."""
+        return [row["partition"] for row in await self._all("current_partitions")]
+
+    async def vacuum_partition(self, *, partition: str) -> None:
+        """VACUUM (ANALYZE) of one queue partition (outside any transaction: a Session's
+        connection is in autocommit). A role that does not own it gets a warning."""
+        await self._execute(sql.SQL("VACUUM (ANALYZE) {}").format(
+            sql.Identifier("webhooks", partition)))
+
     async def drop_partition(self, *, partition: str) -> None:
         """Drops a detached queue partition."""
         await self._execute(sql.SQL("DROP TABLE {}").format(

@@ -58,6 +58,13 @@ ANALYZE_EVERY = 10.0
 # Seconds before the loop fans out again after a backlog's fan-out failed.
 CATCH_UP_RETRY = 0.5
 
+# Attempts recorded after which, once a claim finds the queue drained, the deliveries
+# partitions being filled are vacuumed. Each delivery leaves two dead entries in the
+# queue's due index (fan-out's and the claim's), which every claim walks past until
+# autovacuum comes (a minute or more): a fresh change's fan-out and claim took 1.6 ms
+# right after a 20,000-delivery backlog, 1.0 ms once vacuumed.
+VACUUM_AFTER = 10_000
+
 _worker_numbers = itertools.count(1)
 
 
@@ -102,6 +109,8 @@ class Worker:
         self._unanalysed = 0  # deliveries fanned out since the last analyze_current
         self._analyzed_at = float("-inf")
         self._analyzing: asyncio.Task[None] | None = None
+        self._unvacuumed = 0  # attempts recorded since the last vacuum_current
+        self._vacuuming: asyncio.Task[None] | None = None
         # Fans out a backlog of the outbox beside the loop, which claims meanwhile.
         self._catching_up: asyncio.Task[None] | None = None
 
@@ -135,6 +144,7 @@ class Worker:
     def _recorded(self, outcomes: list[Outcome]) -> None:
         """Outcomes are written: retries come due from now on, at the earliest in the
         shortest of their delays."""
+        self._unvacuumed += len(outcomes)
         delays = [o.retry_in for o in outcomes if o.outcome == "pending"]
         if delays:
             self.pacing.retry_due(asyncio.get_running_loop().time() + max(min(delays), 0.0))
@@ -160,6 +170,8 @@ class Worker:
         finally:
             if self._analyzing is not None:
                 helpers.append(self._analyzing)
+            if self._vacuuming is not None:
+                helpers.append(self._vacuuming)
             if self._catching_up is not None:
                 helpers.append(self._catching_up)
             await cancel_all(helpers)
@@ -238,6 +250,7 @@ class Worker:
         asking when the next delivery is due when the claim found nothing."""
         wait = self.pacing.claimed(claims, wanted, now)
         if wait is None:
+            self._vacuum_if_drained()
             self.stats.round_trips += 1
             due = await self.store.next_due(saturated=self.slots.saturated(),
                                             saturated_owners=self.slots.saturated_owners())
@@ -353,6 +366,23 @@ class Worker:
         if locked and await self.wakeup.after_fanout(self.store, taken, now,
                                                      limit) is Step.DISARM:
             self.stats.disarmed += 1
+
+    def _vacuum_if_drained(self) -> None:
+        """The claim found everything claimable: after a backlog, the partitions being filled
+        are vacuumed beside the loop."""
+        if self._unvacuumed >= VACUUM_AFTER and (self._vacuuming is None
+                                                 or self._vacuuming.done()):
+            self._unvacuumed = 0
+            self._vacuuming = asyncio.create_task(self._vacuum(), name="webhooks-vacuum")
+
+    async def _vacuum(self) -> None:
+        """Vacuums the deliveries partitions being filled, one at a time."""
+        try:
+            async with self.store.session() as s:
+                for partition in await s.current_partitions():
+                    await s.vacuum_partition(partition=partition)
+        except StoreError as exc:
+            log.warning("could not vacuum the queue after a backlog: %s", exc)
 
     async def _analyze(self) -> None:
         """Analyses the deliveries partitions being filled (see analyze_current)."""

@@ -303,6 +303,14 @@ BEGIN
 END
 $$
 
+-- name: current_partitions --
+-- The deliveries partitions being filled (today's, and the day before's for an hour after
+-- midnight): the worker vacuums them when a backlog has been drained.
+SELECT partition FROM webhooks.queue_partitions
+ WHERE parent = 'deliveries' AND upper_bound > now() - interval '1 hour'
+   AND lower_bound <= now()
+ ORDER BY lower_bound
+
 -- name: listen --
 LISTEN webhooks
 
