@@ -79,10 +79,6 @@ class WorkerQueries(AsyncQueries):
         """Deletes the crash records older than `retention` seconds."""
         await self._run("prune_worker_tasks", {"retention": retention})
 
-    async def analyze_current(self) -> None:
-        """Analyses the deliveries partitions being filled."""
-        await self._run("analyze_current")
-
     async def arm_wakeup(self, *, pid: int | None, old_pid: int | None) -> None:
         """Asks for a NOTIFY to the listener `pid` (replacing `old_pid`'s row)."""
         await self._run("wakeup_arm", {"pid": pid, "old_pid": old_pid})
@@ -159,11 +155,12 @@ class ConnectionQueries(AsyncQueries):
         """The deliveries partitions being filled."""
         return [row["partition"] for row in await self._all("current_partitions")]
 
-    async def vacuum_partition(self, *, partition: str) -> None:
-        """VACUUM (ANALYZE) of one queue partition (outside any transaction: a Session's
-        connection is in autocommit). A role that does not own it gets a warning."""
-        await self._execute(sql.SQL("VACUUM (ANALYZE) {}").format(
-            sql.Identifier("webhooks", partition)))
+    async def maintain_partition(self, *, partition: str, vacuum: bool) -> None:
+        """ANALYZE, or with `vacuum` VACUUM (ANALYZE), of one queue partition (outside any
+        transaction: a Session's connection is in autocommit). A role that does not own
+        it gets a warning."""
+        how = sql.SQL("VACUUM (ANALYZE)" if vacuum else "ANALYZE")
+        await self._execute(sql.SQL("{} {}").format(how, sql.Identifier("webhooks", partition)))
 
     async def drop_partition(self, *, partition: str) -> None:
         """Drops a detached queue partition."""

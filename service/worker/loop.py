@@ -106,10 +106,10 @@ class Worker:
         self._main: asyncio.Task[None] | None = None
         # Loop time of the next failure-lifecycle round (lifecycle.py).
         self._lifecycle_at = 0.0
-        self._unanalysed = 0  # deliveries fanned out since the last analyze_current
+        self._unanalysed = 0  # deliveries fanned out since the last ANALYZE
         self._analyzed_at = float("-inf")
         self._analyzing: asyncio.Task[None] | None = None
-        self._unvacuumed = 0  # attempts recorded since the last vacuum_current
+        self._unvacuumed = 0  # attempts recorded since the last VACUUM
         self._vacuuming: asyncio.Task[None] | None = None
         # Fans out a backlog of the outbox beside the loop, which claims meanwhile.
         self._catching_up: asyncio.Task[None] | None = None
@@ -362,7 +362,8 @@ class Worker:
         if (self._unanalysed >= ANALYZE_AFTER and now - self._analyzed_at >= ANALYZE_EVERY
                 and (self._analyzing is None or self._analyzing.done())):
             self._unanalysed, self._analyzed_at = 0, now
-            self._analyzing = asyncio.create_task(self._analyze(), name="webhooks-analyze")
+            self._analyzing = asyncio.create_task(self._maintain(vacuum=False),
+                                                  name="webhooks-analyze")
         if locked and await self.wakeup.after_fanout(self.store, taken, now,
                                                      limit) is Step.DISARM:
             self.stats.disarmed += 1
@@ -373,23 +374,18 @@ class Worker:
         if self._unvacuumed >= VACUUM_AFTER and (self._vacuuming is None
                                                  or self._vacuuming.done()):
             self._unvacuumed = 0
-            self._vacuuming = asyncio.create_task(self._vacuum(), name="webhooks-vacuum")
+            self._vacuuming = asyncio.create_task(self._maintain(vacuum=True),
+                                                  name="webhooks-vacuum")
 
-    async def _vacuum(self) -> None:
-        """Vacuums the deliveries partitions being filled, one at a time."""
+    async def _maintain(self, *, vacuum: bool) -> None:
+        """Analyses (after a burst) or vacuums (after a drained backlog) the deliveries
+        partitions being filled, one at a time."""
         try:
             async with self.store.session() as s:
                 for partition in await s.current_partitions():
-                    await s.vacuum_partition(partition=partition)
+                    await s.maintain_partition(partition=partition, vacuum=vacuum)
         except StoreError as exc:
-            log.warning("could not vacuum the queue after a backlog: %s", exc)
-
-    async def _analyze(self) -> None:
-        """Analyses the deliveries partitions being filled (see analyze_current)."""
-        try:
-            await self.store.analyze_current()
-        except StoreError as exc:
-            log.warning("could not analyse the queue after a burst: %s", exc)
+            log.warning("could not %s the queue: %s", "vacuum" if vacuum else "analyse", exc)
 
     async def _wait(self, timeout: float) -> None:
         if timeout <= 0 or self._stopping.is_set():

@@ -284,28 +284,14 @@ SELECT pg_try_advisory_lock(%(key)s) AS locked
 -- name: partitions_unlock --
 SELECT pg_advisory_unlock(%(key)s)
 
--- name: analyze_current --
--- A burst has made many deliveries since autovacuum last looked: the partitions being
--- filled are analysed now, so that plans made for what the statistics say (the API's
--- delivery log, next_due, the status counts) know the due deliveries are many; the
--- worker's queue statements hold whatever the statistics (QUEUE_SETTINGS). Cheap (ANALYZE
--- samples), and a role that does not own them is told so in a warning, not an error.
-DO $$
-DECLARE
-    p text;
-BEGIN
-    FOR p IN SELECT partition FROM webhooks.queue_partitions
-              WHERE parent = 'deliveries' AND upper_bound > now() - interval '1 hour'
-                AND lower_bound <= now()
-    LOOP
-        EXECUTE format('ANALYZE webhooks.%I', p);
-    END LOOP;
-END
-$$
-
 -- name: current_partitions --
 -- The deliveries partitions being filled (today's, and the day before's for an hour after
--- midnight): the worker vacuums them when a backlog has been drained.
+-- midnight). The worker analyses them after a burst has made many deliveries since
+-- autovacuum last looked, so that plans made for what the statistics say (the API's
+-- delivery log, next_due, the status counts) know the due deliveries are many (the
+-- worker's queue statements hold whatever the statistics: QUEUE_SETTINGS); and vacuums
+-- them once a backlog is drained. A role that does not own them is told so in a warning,
+-- not an error.
 SELECT partition FROM webhooks.queue_partitions
  WHERE parent = 'deliveries' AND upper_bound > now() - interval '1 hour'
    AND lower_bound <= now()

@@ -270,6 +270,18 @@ CLAIM_ALL = {"limit": 100, "scan": 1000, "per_target": 1000, "per_owner": 1000,
              "degraded": [], "owner_names": [], "owner_counts": [], "saturated_owners": []}
 
 
+def reads_the_newest_days_only(rows: list[tuple[Any, ...]]) -> None:
+    """An EXPLAIN ANALYZE of a statement that returned 100 rows of the fixture's last day:
+    of its scans of the events days (one per day), at most the days ahead (empty), today
+    and that day were read."""
+    text = "\n".join(r[0] for r in rows)
+    scans = [line for line in text.splitlines() if re.search(r" on events_p\d+ ", line)]
+    read = [line for line in scans if "never executed" not in line]
+    assert len(scans) >= 10, text
+    assert 1 <= len(read) <= 4, "\n".join(read)
+    assert "rows=100 " in text.splitlines()[0], text
+
+
 def test_claim_finds_each_event_in_the_newest_partitions_first(
         seeded: psycopg.Connection) -> None:
     """A claimed delivery's event is looked up from the newest day back, stopping where it
@@ -281,13 +293,8 @@ def test_claim_finds_each_event_in_the_newest_partitions_first(
             cur.execute("SELECT set_config(%s, %s, true)", (name, value))
         rows = cur.execute(b"EXPLAIN (ANALYZE, COSTS OFF) " + db.query("claim").encode(),
                            CLAIM_ALL).fetchall()
-    text = "\n".join(r[0] for r in rows)
-    scans = [line for line in text.splitlines() if re.search(r" on events_p\d+ ", line)]
-    read = [line for line in scans if "never executed" not in line]
-    assert len(scans) >= 10, text
     # The pending deliveries are yesterday's: the days ahead (empty), today and yesterday.
-    assert 1 <= len(read) <= 4, "\n".join(read)
-    assert "rows=100 " in text.splitlines()[0], text  # all 100 claimed
+    reads_the_newest_days_only(rows)
 
 
 def test_the_delivery_log_finds_each_event_in_the_newest_partitions_first(
@@ -301,12 +308,7 @@ def test_the_delivery_log_finds_each_event_in_the_newest_partitions_first(
     rows = conn.execute(b"EXPLAIN (ANALYZE, COSTS OFF) " + db.query("deliveries_list").encode(), {
         "subscription_id": sid[0], "before": None, "status": None, "event": None,
         "since": None, "until": None, "limit": 100}).fetchall()
-    text = "\n".join(r[0] for r in rows)
-    scans = [line for line in text.splitlines() if re.search(r" on events_p\d+ ", line)]
-    read = [line for line in scans if "never executed" not in line]
-    assert len(scans) >= 10, text
-    assert 1 <= len(read) <= 4, "\n".join(read)
-    assert "rows=100 " in text.splitlines()[0], text
+    reads_the_newest_days_only(rows)
 
 
 def test_claim_list_and_recover_use_their_indexes(seeded: psycopg.Connection) -> None:

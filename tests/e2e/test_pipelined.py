@@ -15,7 +15,7 @@ from service.worker.delivery import Claim
 from service.worker.fanout import FanoutBatch, fanout_params
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe
-from tests.support.worker import add_invoice, open_pool, poll, running_worker
+from tests.support.worker import add_invoice, maintained, open_pool, poll, running_worker
 
 
 def claim_params(limit: int = 10) -> ClaimParams:
@@ -60,13 +60,7 @@ async def test_a_burst_has_the_partitions_it_fills_analysed(
     monkeypatch.setattr(loop, "ANALYZE_AFTER", 50)
 
     def analysed() -> int:
-        row = conn.execute(
-            "SELECT coalesce(sum(s.analyze_count), 0) FROM pg_stat_user_tables s"
-            "  JOIN webhooks.queue_partitions p ON s.relname = p.partition"
-            " WHERE s.schemaname = 'webhooks' AND p.parent = 'deliveries'"
-            "   AND p.lower_bound <= now() AND p.upper_bound > now()").fetchone()
-        assert row is not None
-        return int(row[0])
+        return maintained(conn, "analyze_count")
 
     before = analysed()
     subscribe(conn, receiver.url, events=["invoice.create"])

@@ -9,9 +9,10 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
+from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from service.config import Settings
@@ -61,6 +62,20 @@ async def poll(predicate: Callable[[], object], timeout: float = 10.0,
     while not predicate():
         assert time.monotonic() < deadline, f"{what} not reached in {timeout}s"
         await asyncio.sleep(0.02)
+
+
+def maintained(conn: psycopg.Connection[Any],
+               counter: Literal["analyze_count", "vacuum_count"]) -> int:
+    """Manual ANALYZEs or VACUUMs so far (that counter of pg_stat_user_tables) of the
+    deliveries partitions being filled."""
+    row = conn.execute(sql.SQL(
+        "SELECT coalesce(sum(s.{}), 0) FROM pg_stat_user_tables s"
+        "  JOIN webhooks.queue_partitions p ON s.relname = p.partition"
+        " WHERE s.schemaname = 'webhooks' AND p.parent = 'deliveries'"
+        "   AND p.lower_bound <= now() AND p.upper_bound > now()").format(
+            sql.Identifier(counter))).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 @asynccontextmanager
