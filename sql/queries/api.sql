@@ -85,25 +85,27 @@ RETURNING s.id, s.doc
 SELECT t.id AS token_id, t.owner, t.tenant, t.token_hash, p.body, p.last_id, p.more
   FROM webhooks.tokens t
  CROSS JOIN LATERAL (
-    SELECT '[' || coalesce(string_agg(w.doc, ',' ORDER BY w.id) FILTER (WHERE w.kept), '')
+    SELECT '[' || coalesce(string_agg(r.doc, ',' ORDER BY r.id) FILTER (WHERE r.kept), '')
                || ']' AS body,
-           max(w.id) FILTER (WHERE w.kept) AS last_id,
-           coalesce(bool_or(NOT w.kept), false) AS more
-      FROM (SELECT r.id, r.doc,
-                   r.n <= %(limit)s
-                   AND coalesce(sum(octet_length(r.doc) + 1) OVER (
-                           ORDER BY r.n ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
-                       0) <= %(max_bytes)s AS kept
-              FROM (SELECT s.id, s.doc,
-                           row_number() OVER (ORDER BY s.owner, s.id) AS n
-                      FROM webhooks.subscriptions s
-                     WHERE s.owner = t.owner AND s.owner >= t.owner AND s.owner <= t.owner
-                       AND (t.tenant IS NULL OR s.tenant = t.tenant)
-                       AND s.id > %(after)s
-                       AND (%(resource)s::text IS NULL OR s.resource = %(resource)s::text)
-                       AND (%(active)s::boolean IS NULL OR s.active = %(active)s::boolean)
-                     ORDER BY s.owner, s.id
-                     LIMIT %(limit)s + 1) r) w) p
+           max(r.id) FILTER (WHERE r.kept) AS last_id,
+           coalesce(bool_or(NOT r.kept), false) AS more
+      -- Both windows share the index's order (owner, id): the rows' bytes so far are
+      -- summed as they are read, with no sort of the page between (summed over their
+      -- row_number in an outer query, the page was sorted again by it first).
+      FROM (SELECT s.id, s.doc,
+                   row_number() OVER w <= %(limit)s
+                   AND coalesce(sum(octet_length(s.doc) + 1) OVER (
+                           w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
+                       <= %(max_bytes)s AS kept
+              FROM webhooks.subscriptions s
+             WHERE s.owner = t.owner AND s.owner >= t.owner AND s.owner <= t.owner
+               AND (t.tenant IS NULL OR s.tenant = t.tenant)
+               AND s.id > %(after)s
+               AND (%(resource)s::text IS NULL OR s.resource = %(resource)s::text)
+               AND (%(active)s::boolean IS NULL OR s.active = %(active)s::boolean)
+            WINDOW w AS (ORDER BY s.owner, s.id)
+             ORDER BY s.owner, s.id
+             LIMIT %(limit)s + 1) r) p
  WHERE t.token_hash = %(token_hash)s AND t.revoked_at IS NULL
 
 -- name: api_subscription_get --
