@@ -314,6 +314,35 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def run_queue_seconds(pid: int) -> float | None:
+    """Seconds a live process's threads have spent runnable but waiting for a CPU so far
+    (the second field of /proc/PID/task/*/schedstat); None when unknown. A thread that
+    ended meanwhile takes its part with it."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    waited, seen = 0, False
+    for task in tasks:
+        try:
+            waited += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[1])
+            seen = True
+        except (OSError, IndexError, ValueError):
+            continue
+    return waited / 1e9 if seen else None
+
+
+def cpu_ticks() -> tuple[int, int] | None:
+    """(idle and iowait, all) clock ticks of the machine's CPUs so far, from /proc/stat;
+    None when unknown."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal (guest time is counted in user)
+    return fields[3] + fields[4], sum(fields[:8])
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """The q-th percentile (0..100) by nearest rank; values need not be sorted."""
     if not values:

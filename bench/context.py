@@ -11,11 +11,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 
-from bench.common import PYTHON, Proc, Procs, cpu_seconds, peak_rss_mb, wait_until
+from bench.common import (
+    PYTHON,
+    Proc,
+    Procs,
+    cpu_seconds,
+    cpu_ticks,
+    peak_rss_mb,
+    run_queue_seconds,
+    wait_until,
+)
 from bench.receiver import read_port
 
 # The worker's settings in every scenario unless one overrides them. A short shutdown
@@ -25,6 +34,17 @@ WORKER_ENV = {
     "WEBHOOKS_SHUTDOWN_GRACE": "1",
     "WEBHOOKS_LOG_LEVEL": "INFO",  # the default; start_worker waits for "worker started"
 }
+
+
+class CpuMark(NamedTuple):
+    """The start of a window that Context.cpu_note() measures."""
+
+    proc: float  # the measured process's CPU seconds
+    receiver: float
+    db: dict[int, float]  # each server process's CPU seconds
+    at: float  # time.time()
+    waited: float | None  # seconds the measured process waited for a CPU
+    ticks: tuple[int, int] | None  # the machine's idle and all CPU ticks
 
 
 @dataclass
@@ -148,38 +168,47 @@ class Context:
                 "AND pid <> pg_backend_pid()").fetchall()]
         return {pid: cpu for pid in pids if (cpu := cpu_seconds(pid)) is not None}
 
-    def cpu_note(self, proc: Proc, before: tuple[float, float, dict[int, float], float],
-                 requests: int = 0) -> str:
-        """"worker CPU x% of a core (n us per request), receiver y%, Postgres z%" since
-        `before` (a cpu_mark() taken at the start of the measured window)."""
-        cpu0, rcv0, db0, t0 = before
-        elapsed = max(time.time() - t0, 1e-9)
-        used = self.cpu(proc) - cpu0
+    def cpu_note(self, proc: Proc, before: CpuMark, requests: int = 0) -> str:
+        """"worker CPU x% of a core (n us per request), receiver y%, Postgres z%; waited
+        for a CPU w%, cores idle v%" since `before` (a cpu_mark() taken at the start of the
+        measured window). The last two say whether the measured process was short of CPU
+        while the machine had some to spare: on a small machine the scheduler can leave a
+        runnable process queued behind another on one core while the other core idles."""
+        elapsed = max(time.time() - before.at, 1e-9)
+        used = self.cpu(proc) - before.proc
         note = f"{proc.name} CPU {used / elapsed:.0%} of a core"
         if requests:
             note += f" ({1e6 * used / requests:.0f} us per request)"
         if self.receiver is not None:
-            note += f", receiver {(self.cpu(self.receiver) - rcv0) / elapsed:.0%}"
+            note += f", receiver {(self.cpu(self.receiver) - before.receiver) / elapsed:.0%}"
         db1 = self.db_cpu()
         if db1:
-            backends = sum(c - db0.get(pid, 0.0) for pid, c in db1.items()) / elapsed
+            backends = sum(c - before.db.get(pid, 0.0) for pid, c in db1.items()) / elapsed
             note += f", Postgres backends {backends:.0%}"
+        waited = run_queue_seconds(proc.main_pid())
+        ticks = cpu_ticks()
+        if waited is not None and before.waited is not None:
+            note += (f"; {proc.name} waited for a CPU {(waited - before.waited) / elapsed:.0%}"
+                     " of the time")
+        if ticks is not None and before.ticks is not None and ticks[1] > before.ticks[1]:
+            idle = (ticks[0] - before.ticks[0]) / (ticks[1] - before.ticks[1])
+            note += f", cores idle {idle:.0%}"
         return note
 
-    def cpu_us(self, proc: Proc, before: tuple[float, float, dict[int, float], float],
-               requests: int) -> float:
+    def cpu_us(self, proc: Proc, before: CpuMark, requests: int) -> float:
         """Microseconds of `proc`'s CPU per request since `before` (a cpu_mark())."""
-        return 1e6 * (self.cpu(proc) - before[0]) / max(requests, 1)
+        return 1e6 * (self.cpu(proc) - before.proc) / max(requests, 1)
 
     def raw_cpu_us(self) -> float | None:
         """CPU per request of the raw client at its best rate (raw_rate() measures it)."""
         value = self.cache.get("raw_cpu_us")
         return None if value is None else float(value)
 
-    def cpu_mark(self, proc: Proc) -> tuple[float, float, dict[int, float], float]:
+    def cpu_mark(self, proc: Proc) -> CpuMark:
         """The start of a window cpu_note() measures."""
         receiver = self.cpu(self.receiver) if self.receiver is not None else 0.0
-        return self.cpu(proc), receiver, self.db_cpu(), time.time()
+        return CpuMark(self.cpu(proc), receiver, self.db_cpu(), time.time(),
+                       run_queue_seconds(proc.main_pid()), cpu_ticks())
 
     def rss_mb(self, proc: Proc) -> float | None:
         """The peak RSS of a running process, in MB."""
