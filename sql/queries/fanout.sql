@@ -109,22 +109,31 @@ WITH lock AS (
     -- subscription's pending head, which is locked so that a recorder finishing it
     -- unparks what this parks; a head locked by another transaction is not waited for:
     -- what comes after it is left due.
+    -- Whether a subscription is strict is asked of subscriptions_strict_idx, which holds
+    -- strict subscriptions only (an index-only probe that finds nothing for the others),
+    -- not of each subscription's row; and the head is looked for inside the CASE, so only
+    -- a strict subscription's first delivery of the batch runs that probe (as a lateral
+    -- join it was set up for every delivery: a probe of each day's partition that found
+    -- nothing). One change to 10,000 unordered subscriptions: 79 ms before, 61 ms.
     -- Every matched event is kept (kept inserts the changes matched names), so the
     -- deliveries come from matched alone: joined with kept, both estimated at one row in
     -- the generic plan, they became a nested loop comparing 9,500 by 9,500 rows (10.6 s).
     INSERT INTO webhooks.deliveries (event_id, subscription_id, next_attempt_at)
     SELECT m.event_id, m.subscription_id,
-           CASE WHEN m.n > 1 OR h.held THEN 'infinity'::timestamptz ELSE now() END
+           CASE WHEN m.n IS NULL THEN now()  -- not strict
+                WHEN m.n > 1 THEN 'infinity'::timestamptz
+                -- A CASE branch, not an AND: an AND would run the probe for a NULL n too.
+                ELSE CASE WHEN (SELECT true FROM webhooks.deliveries p
+                                 WHERE p.subscription_id = m.subscription_id
+                                   AND p.status = 'pending'
+                                 ORDER BY p.id LIMIT 1 FOR SHARE OF p SKIP LOCKED)
+                          THEN 'infinity'::timestamptz ELSE now() END END
       FROM (SELECT m.*,
-                   CASE WHEN (SELECT s.ordering FROM webhooks.subscriptions s
-                               WHERE s.id = m.subscription_id) = 'strict'
+                   CASE WHEN (SELECT true FROM webhooks.subscriptions s
+                               WHERE s.id = m.subscription_id AND s.ordering = 'strict')
                         THEN row_number() OVER (PARTITION BY m.subscription_id
                                                 ORDER BY m.event_id) END AS n
               FROM matched m) m
-      LEFT JOIN LATERAL (
-         SELECT true AS held FROM webhooks.deliveries p
-          WHERE m.n = 1 AND p.subscription_id = m.subscription_id AND p.status = 'pending'
-          ORDER BY p.id LIMIT 1 FOR SHARE OF p SKIP LOCKED) h ON true
      ORDER BY m.event_id, m.subscription_id
     RETURNING 1
 )
