@@ -1379,7 +1379,8 @@ CREATE TABLE webhooks.subscriptions (
     doc text,
     CONSTRAINT subscriptions_events_check CHECK ((cardinality(events) > 0)),
     CONSTRAINT subscriptions_ordering_check CHECK ((ordering = ANY (ARRAY['unordered'::text, 'strict'::text])))
-);
+)
+WITH (fillfactor='70');
 
 CREATE FUNCTION webhooks.lifecycle_event(subject webhooks.subscriptions, event_name text) RETURNS integer
     LANGUAGE plpgsql
