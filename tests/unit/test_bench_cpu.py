@@ -27,8 +27,11 @@ def test_processes_sharing_one_cpu_wait_for_it_in_turn() -> None:
     try:
         for p in procs:
             os.sched_setaffinity(p.pid, {cpu})
-        before = [run_queue_seconds(p.pid) for p in procs]
-        assert all(b is not None for b in before)
+        before = []
+        for p in procs:
+            b = run_queue_seconds(p.pid)
+            assert b is not None
+            before.append(b)
         for p in procs:
             assert p.stdin is not None
             p.stdin.close()  # all start spinning, on the same CPU
@@ -37,7 +40,7 @@ def test_processes_sharing_one_cpu_wait_for_it_in_turn() -> None:
             # Read while the process lives (a zombie's threads are gone from /proc).
             while p.poll() is None:
                 now = run_queue_seconds(p.pid)
-                if now is not None and b is not None:
+                if now is not None:
                     waited.append(now - b)
                 time.sleep(0.01)
         # Each needs 0.4 s of CPU on a CPU two others want too: the last to finish
@@ -57,7 +60,7 @@ def test_a_process_that_is_gone_has_no_wait() -> None:
 
 
 def test_cpu_ticks_count_up_and_idle_is_part_of_all() -> None:
-    first, second = cpu_ticks(), None
+    first = cpu_ticks()
     assert first is not None
     subprocess.run([sys.executable, "-c", SPIN], check=True)
     second = cpu_ticks()
