@@ -12,6 +12,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
+from typing import Any
 
 from yarl import URL
 
@@ -112,6 +113,15 @@ def in_start_order(rows: Sequence[Claim]) -> list[Claim]:
     """The active claims of a claim query's rows, in the order their attempts start."""
     # RETURNING has no order: attempts of one subscription start in event order.
     return sorted((c for c in rows if c.active), key=lambda c: (c.due, c.id))
+
+
+def leased(rows: Sequence[Sequence[Any]] | None) -> list[Claim]:
+    """The deliveries a fan-out made leased (FanoutBatch.claims: JSON arrays of Claim's
+    fields, timestamps in ISO 8601), as claims."""
+    return [Claim(d, attempts, sid, owner, active, target, secret, event, body,
+                  datetime.fromisoformat(due), previous, datetime.fromisoformat(created))
+            for (d, attempts, sid, owner, active, target, secret, event, body, due, previous,
+                 created) in rows or ()]
 
 
 def saturated(busy: Mapping[int, int], per_target: int, degraded: Collection[int]

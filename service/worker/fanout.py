@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from service.store import Store, StoreRejected
 from service.store.fanout import FanoutParams
+from service.store.worker import ClaimParams
 
 log = logging.getLogger("webhooks.fanout")
 
@@ -22,6 +24,10 @@ class FanoutBatch:
     changes: int  # changed rows they held
     created: int
     rejected: int = 0  # changes set aside (webhooks.rejected_changes)
+    # Whether no pending delivery was due, when asked to lease (`take` > 0).
+    quiet: bool | None = None
+    # The deliveries made leased, as JSON arrays of Claim's fields (delivery.leased).
+    claims: list[list[Any]] | None = None
 
 
 # Rows whose JSON is larger than this are delivered without their `resource` member.
@@ -61,16 +67,29 @@ class FanoutSize:
                                 GROWTH * taken))
 
 
-def fanout_params(limit: int, max_row_bytes: int, careful: bool = False
-                  ) -> FanoutParams:
-    """The parameters of the fanout query."""
+# A claim of nothing: the fan-out leases nothing (fanout_params without `lease`).
+NO_LEASE: ClaimParams = {
+    "limit": 0, "scan": 0, "per_target": 0, "per_owner": 0, "lease": 0.0, "busy_ids": [],
+    "busy_counts": [], "saturated": [], "degraded": [], "owner_names": [],
+    "owner_counts": [], "saturated_owners": []}
+
+
+def fanout_params(limit: int, max_row_bytes: int, careful: bool = False,
+                  lease: ClaimParams = NO_LEASE) -> FanoutParams:
+    """The parameters of the fanout query; with a claim's parameters (`lease`), it leases
+    up to their `limit` of the deliveries it makes when the queue is quiet."""
     return {"lock_key": FANOUT_LOCK, "limit": limit, "max_row_bytes": max_row_bytes,
-            "careful": careful}
+            "careful": careful, "take": lease["limit"], "lease": lease["lease"],
+            "per_target": lease["per_target"], "per_owner": lease["per_owner"],
+            "busy_ids": lease["busy_ids"], "busy_counts": lease["busy_counts"],
+            "saturated": lease["saturated"], "degraded": lease["degraded"],
+            "owner_names": lease["owner_names"], "owner_counts": lease["owner_counts"],
+            "saturated_owners": lease["saturated_owners"]}
 
 
 async def _fan_out(store: Store, limit: int, max_row_bytes: int,
                    careful: bool) -> FanoutBatch:
-    row = await store.fanout(FanoutBatch, **fanout_params(limit, max_row_bytes, careful))
+    row = await store.fanout(FanoutBatch, fanout_params(limit, max_row_bytes, careful))
     assert row is not None
     return row
 

@@ -278,11 +278,21 @@ class Worker:
             return None
         self.stats.round_trips += 1
         limit = self.fanout_size.limit
+        claim = self.pacing.claim_params(wanted)
+        # A quiet queue: the fan-out leases what it makes, and no claim follows it.
+        quiet = self.pacing.quiet(now)
         try:
-            batches, rows = await self.queue.fanout_and_claim(
-                FanoutBatch, Claim,
-                fanout=fanout_params(limit, self.settings.max_row_bytes),
-                claim=self.pacing.claim_params(wanted))
+            if quiet:
+                batch = await self.queue.fanout(FanoutBatch, fanout_params(
+                    limit, self.settings.max_row_bytes, lease=claim))
+                assert batch is not None
+                rows = delivery.leased(batch.claims)
+                self.stats.leased += len(rows)
+            else:
+                batches, rows = await self.queue.fanout_and_claim(
+                    FanoutBatch, Claim, fanout=fanout_params(limit, self.settings.max_row_bytes),
+                    claim=claim)
+                (batch,) = batches
         except StoreRejected as exc:
             if exc.data_error:
                 return None
@@ -291,7 +301,6 @@ class Worker:
         except BaseException:
             self.wakeup.fanout_failed()
             raise
-        (batch,) = batches
         # The claims are this worker's from the commit on: sent whatever the bookkeeping
         # below meets (arming the wakeup row may fail on another connection, and the
         # claims would then wait out their lease).
@@ -303,6 +312,11 @@ class Worker:
         await self._fanned_out(batch.taken, batch.changes, batch.created, batch.locked, limit)
         if batch.locked and batch.taken >= limit:
             self._start_catch_up()  # a backlog: fanned out beside the loop's claims
+        if quiet and not (batch.locked and batch.quiet and batch.created == len(claims)):
+            # Something was due after all, caps held some of the batch back, or another
+            # worker fanned out: the claim runs at the next step.
+            self.pacing.ask()
+            return 0.0
         now = loop.time()
         return await self._paced(claims, wanted, now, self._until_fanout(now))
 

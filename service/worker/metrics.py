@@ -32,6 +32,7 @@ class WorkerStats:
 
     fanned_out: int = 0
     claimed: int = 0
+    leased: int = 0  # of those, made leased by the fan-out (a quiet queue)
     succeeded: int = 0
     retried: int = 0
     failed: int = 0

@@ -34,6 +34,9 @@ class Pacing:
         self.held_back = False
         self.freed = 0
         self.claim_batch = 1
+        # The last claim found nothing more claimable (it was short and no cap held work
+        # back): until due_at, a fan-out may lease what it makes (quiet()).
+        self.drained = False
         self.view: tuple[dict[int, int], dict[str, int]] = ({}, {})
 
     def ask(self) -> None:
@@ -59,6 +62,12 @@ class Pacing:
             return self.due_at - now
         return None
 
+    def quiet(self, now: float) -> bool:
+        """Whether, as far as this worker knows, nothing is waiting to be claimed: then a
+        fan-out leases what it makes instead of a claim following it (the statement
+        checks that nothing is due, and says when it was wrong)."""
+        return self.drained and now < self.due_at
+
     def claim_params(self, wanted: int) -> ClaimParams:
         """The claim's parameters for `wanted` deliveries, noting what is in flight."""
         # What the query sees in flight: a short claim may have stopped at a cap that the
@@ -76,6 +85,7 @@ class Pacing:
         delivery is due (then next_due)."""
         if len(claims) >= wanted:
             self.claim_due = True  # a full claim: more may be due
+            self.drained = False
             return 0.0
         # Everything claimable was claimed: until something changes, only the earliest
         # pending delivery of a subscription and owner below their caps brings work.
@@ -83,6 +93,7 @@ class Pacing:
         self.claim_due = False
         self.held_back = bool(saturated or saturated_owners
                               or self.slots.capped(self.view, claims))
+        self.drained = not self.held_back
         self.freed, self.claim_batch = 0, max(1, len(self.slots.inflight) // 4)
         if claims:
             # Busy: what comes next is mostly freed slots, notifications and own retries,

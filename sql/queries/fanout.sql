@@ -8,8 +8,27 @@
 -- capture order. The advisory lock keeps fan-out to one worker at a time, so deliveries
 -- are created in event order even when many workers run; a worker that does not get it
 -- skips (the holder drains the outbox).
+-- A quiet queue's deliveries are made leased: when %(take)s (the deliveries the worker has
+-- room for; 0 leases nothing) covers every delivery of a small batch and no pending delivery
+-- is due, those of unordered subscriptions within this worker's caps (the claim's
+-- parameters: per subscription, degraded, per owner) are created claimed by it, with
+-- their lease, attempt 1 and what sending needs, returned in `claims`; the claim's
+-- statement and its rewrite of each row are saved on a fresh change's way to its POST.
+-- Nothing else being due keeps each subscription's first attempts in event order, as the
+-- claim starts them; `quiet` says whether that held, so that the worker claims what was
+-- due instead.
 WITH lock AS (
     SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS ok
+), busy AS (
+    SELECT sid, n FROM unnest(%(busy_ids)s::bigint[], %(busy_counts)s::int[]) AS b (sid, n)
+), busy_owners AS (
+    SELECT owner, n
+      FROM unnest(%(owner_names)s::text[], %(owner_counts)s::int[]) AS b (owner, n)
+), quiet AS (
+    -- One probe of the due index; not run when nothing is to be leased.
+    SELECT %(take)s::int > 0
+           AND NOT EXISTS (SELECT 1 FROM webhooks.deliveries d
+                            WHERE d.status = 'pending' AND d.next_attempt_at <= now()) AS ok
 ), batch AS (
     DELETE FROM webhooks.outbox o
      WHERE o.id IN (SELECT id FROM webhooks.outbox
@@ -102,7 +121,37 @@ WITH lock AS (
      CROSS JOIN LATERAL webhooks.json_in_order(ch.row_json) r
      CROSS JOIN LATERAL webhooks.json_in_order(ch.previous_json) p
      WHERE ch.event_id IN (SELECT event_id FROM matched)
-    RETURNING id
+    RETURNING id, name, body
+), leasable AS MATERIALIZED (
+    -- The deliveries made leased (see the top): looked at only when the batch makes at
+    -- most %(take)s and at most 64 deliveries, so a large fan-out never ranks its rows
+    -- here, and the joins with this CTE below (which the generic plan may run as nested
+    -- loops, every CTE estimated at one row) compare at most 64 by 64 rows.
+    SELECT l.event_id, l.subscription_id, l.owner, l.target, l.secret, l.previous_secret
+      FROM (SELECT m.*,
+                   row_number() OVER (PARTITION BY m.owner ORDER BY m.event_id,
+                                      m.subscription_id) + coalesce(o.n, 0) AS owner_slot
+              FROM (SELECT m.event_id, m.subscription_id, s.owner, s.target, s.secret,
+                           CASE WHEN s.previous_secret_expires_at > now()
+                                THEN s.previous_secret END AS previous_secret,
+                           row_number() OVER (PARTITION BY m.subscription_id
+                                              ORDER BY m.event_id) + coalesce(b.n, 0) AS slot
+                      FROM matched m
+                      CROSS JOIN LATERAL (
+                         SELECT s.owner, s.active, s.ordering, s.target, s.secret,
+                                s.previous_secret, s.previous_secret_expires_at
+                           FROM webhooks.subscriptions s
+                          WHERE s.id = m.subscription_id LIMIT 1) s
+                      LEFT JOIN busy b ON b.sid = m.subscription_id
+                     WHERE (SELECT ok FROM quiet)
+                       AND (SELECT count(*) FROM matched) <= least(%(take)s, 64)
+                       AND s.active AND s.ordering = 'unordered'
+                       AND m.subscription_id <> ALL (%(saturated)s::bigint[])
+                       AND s.owner <> ALL (%(saturated_owners)s::text[])) m
+              LEFT JOIN busy_owners o ON o.owner = m.owner
+             WHERE m.slot <= CASE WHEN m.subscription_id = ANY (%(degraded)s::bigint[])
+                                  THEN 1 ELSE %(per_target)s END) l
+     WHERE l.owner_slot <= %(per_owner)s
 ), created AS (
     -- A strict subscription's delivery is parked (next_attempt_at 'infinity', out of the
     -- claim's due range: sql/ordering.sql) behind the batch's earlier one, or behind the
@@ -118,30 +167,44 @@ WITH lock AS (
     -- Every matched event is kept (kept inserts the changes matched names), so the
     -- deliveries come from matched alone: joined with kept, both estimated at one row in
     -- the generic plan, they became a nested loop comparing 9,500 by 9,500 rows (10.6 s).
-    INSERT INTO webhooks.deliveries (event_id, subscription_id, next_attempt_at)
+    INSERT INTO webhooks.deliveries (event_id, subscription_id, next_attempt_at, attempts,
+                                     lease_expires_at)
     SELECT m.event_id, m.subscription_id,
-           CASE WHEN m.n IS NULL THEN now()  -- not strict
+           CASE WHEN l.event_id IS NOT NULL THEN now() + make_interval(secs => %(lease)s)
+                WHEN m.n IS NULL THEN now()  -- not strict
                 WHEN m.n > 1 THEN 'infinity'::timestamptz
                 -- A CASE branch, not an AND: an AND would run the probe for a NULL n too.
                 ELSE CASE WHEN (SELECT true FROM webhooks.deliveries p
                                  WHERE p.subscription_id = m.subscription_id
                                    AND p.status = 'pending'
                                  ORDER BY p.id LIMIT 1 FOR SHARE OF p SKIP LOCKED)
-                          THEN 'infinity'::timestamptz ELSE now() END END
+                          THEN 'infinity'::timestamptz ELSE now() END END,
+           CASE WHEN l.event_id IS NOT NULL THEN 1 ELSE 0 END,
+           CASE WHEN l.event_id IS NOT NULL THEN now() + make_interval(secs => %(lease)s) END
       FROM (SELECT m.*,
                    CASE WHEN (SELECT true FROM webhooks.subscriptions s
                                WHERE s.id = m.subscription_id AND s.ordering = 'strict')
                         THEN row_number() OVER (PARTITION BY m.subscription_id
                                                 ORDER BY m.event_id) END AS n
               FROM matched m) m
+      LEFT JOIN leasable l ON l.event_id = m.event_id AND l.subscription_id = m.subscription_id
      ORDER BY m.event_id, m.subscription_id
-    RETURNING 1
+    RETURNING id, event_id, subscription_id, attempts, created_at
 )
 SELECT (SELECT ok FROM lock) AS locked,
        (SELECT count(*) FROM batch) AS taken,
        (SELECT count(*) FROM changes) AS changes,
        (SELECT count(*) FROM created) AS created,
-       (SELECT count(*) FROM rejected) AS rejected
+       (SELECT count(*) FROM rejected) AS rejected,
+       (SELECT ok FROM quiet) AS quiet,
+       -- The leased deliveries, as the claim returns them (service.worker.delivery.Claim's
+       -- fields, in its order), each a JSON array; NULL when none.
+       (SELECT json_agg(json_build_array(c.id, c.attempts, c.subscription_id, l.owner, true,
+                                         l.target, l.secret, k.name, k.body, now(),
+                                         l.previous_secret, c.created_at) ORDER BY c.id)
+          FROM (SELECT * FROM created c WHERE c.attempts = 1) c
+          JOIN leasable l ON l.event_id = c.event_id AND l.subscription_id = c.subscription_id
+          JOIN kept k ON k.id = c.event_id) AS claims
 
 -- name: fanout_reject_first --
 -- Last resort when even a careful fan-out of the first outbox row fails: that statement's

@@ -11,7 +11,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from service.db import conninfo, query
 from service.store import Store
-from service.worker.fanout import FANOUT_LOCK, drain_outbox, fan_out_batch
+from service.worker.fanout import FANOUT_LOCK, drain_outbox, fan_out_batch, fanout_params
 from tests.support.subscriptions import subscribe, subscribe_to
 from tests.support.worker import add_invoice, open_pool
 
@@ -134,7 +134,7 @@ def test_the_statement_inlines_its_functions(db_url: str, conn: psycopg.Connecti
     # nothing is SET and its arguments stay cheap, which a later edit can break quietly.
     subscribe(conn, "http://a.example/")
     add_invoice(conn, "I1")
-    params = {"lock_key": FANOUT_LOCK, "limit": 10, "max_row_bytes": 1000, "careful": False}
+    params = fanout_params(10, 1000)
     with psycopg.connect(conninfo(db_url)) as worker:  # the service's own session settings
         plan = "\n".join(row[0] for row in worker.execute(
             "EXPLAIN (VERBOSE) " + query("fanout"), params).fetchall())
