@@ -12,7 +12,7 @@ from psycopg import sql
 from psycopg.rows import AsyncRowFactory, class_row, dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from service.db import conninfo, query
+from service.db import conninfo, raw_query
 from service.store.api import ApiQueries
 from service.store.backfill import BackfillQueries
 from service.store.base import Params
@@ -33,19 +33,26 @@ class Queries(ApiQueries, DeliveryQueries, LifecycleQueries, BackfillQueries, Fa
     """Every area's methods that may run on a connection of their own."""
 
 
+async def _execute(conn: psycopg.AsyncConnection[Any], name: str, params: Params,
+                   row: AsyncRowFactory[Any]) -> psycopg.AsyncRawCursor[Any]:
+    """The named query executed on `conn` with PostgreSQL's placeholders (db.raw_query)."""
+    text, names = raw_query(name)
+    cur = psycopg.AsyncRawCursor(conn, row_factory=row)
+    await cur.execute(text, [params[n] for n in names] if params is not None else None)
+    return cur
+
+
 async def _fetch_one(conn: psycopg.AsyncConnection[Any], name: str, params: Params,
                      row: AsyncRowFactory[Any]) -> Any:
     """The first row of the named query on `conn` (errors untranslated: the caller's)."""
-    cur = conn.cursor(row_factory=row)
-    await cur.execute(query(name), params)
+    cur = await _execute(conn, name, params, row)
     return await cur.fetchone()
 
 
 async def _fetch_all(conn: psycopg.AsyncConnection[Any], name: str, params: Params,
                      row: AsyncRowFactory[Any]) -> list[Any]:
     """Every row of the named query on `conn` (errors untranslated: the caller's)."""
-    cur = conn.cursor(row_factory=row)
-    await cur.execute(query(name), params)
+    cur = await _execute(conn, name, params, row)
     return await cur.fetchall()
 
 
@@ -67,7 +74,7 @@ class Session(Queries, ConnectionQueries):
 
     async def _run(self, name: str, params: Params = None) -> int:
         with translated():
-            cur = await self._conn.execute(query(name), params)
+            cur = await _execute(self._conn, name, params, dict_row)
             return cur.rowcount
 
     async def _execute(self, statement: sql.Composed | sql.SQL) -> None:
@@ -127,10 +134,8 @@ class Store(Queries):
                 # The pipeline's exit sends the one Sync and reads both results: a sync()
                 # inside the block would cost a second round trip, for the exit's own.
                 async with conn.pipeline():
-                    first = conn.cursor(row_factory=class_row(batch))
-                    await first.execute(query("fanout"), fanout)
-                    second = conn.cursor(row_factory=class_row(claimed))
-                    await second.execute(query("claim"), claim)
+                    first = await _execute(conn, "fanout", fanout, class_row(batch))
+                    second = await _execute(conn, "claim", claim, class_row(claimed))
                 return await first.fetchall(), await second.fetchall()
 
 
