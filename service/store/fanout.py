@@ -2,35 +2,25 @@
 
 from __future__ import annotations
 
-from typing import TypedDict, TypeVar
+from typing import TypeVar
 
 from psycopg.rows import class_row
 
 from service.store.base import AsyncQueries
+from service.store.worker import LeaseParams
 
 Batch = TypeVar("Batch")
 
 
-class FanoutParams(TypedDict):
-    """The parameters of one fan-out statement."""
+class FanoutParams(LeaseParams):
+    """The parameters of one fan-out statement; with `take` above 0 (and the caps of
+    LeaseParams), it leases up to `take` of the deliveries it makes on a quiet queue."""
 
     lock_key: int
     limit: int
     max_row_bytes: int
     careful: bool
-    # Leasing what the batch makes on a quiet queue: up to `take` deliveries (0: none)
-    # within the caps, as the claim's parameters of the same names give them.
     take: int
-    lease: float
-    per_target: int
-    per_owner: int
-    busy_ids: list[int]
-    busy_counts: list[int]
-    saturated: list[int]
-    degraded: list[int]
-    owner_names: list[str]
-    owner_counts: list[int]
-    saturated_owners: list[str]
 
 
 class FanoutQueries(AsyncQueries):

@@ -33,7 +33,7 @@ class Queries(ApiQueries, DeliveryQueries, LifecycleQueries, BackfillQueries, Fa
     """Every area's methods that may run on a connection of their own."""
 
 
-async def _execute(conn: psycopg.AsyncConnection[Any], name: str, params: Params,
+async def _execute_named(conn: psycopg.AsyncConnection[Any], name: str, params: Params,
                    row: AsyncRowFactory[Any]) -> psycopg.AsyncRawCursor[Any]:
     """The named query executed on `conn` with PostgreSQL's placeholders (db.raw_query)."""
     text, names = raw_query(name)
@@ -45,14 +45,14 @@ async def _execute(conn: psycopg.AsyncConnection[Any], name: str, params: Params
 async def _fetch_one(conn: psycopg.AsyncConnection[Any], name: str, params: Params,
                      row: AsyncRowFactory[Any]) -> Any:
     """The first row of the named query on `conn` (errors untranslated: the caller's)."""
-    cur = await _execute(conn, name, params, row)
+    cur = await _execute_named(conn, name, params, row)
     return await cur.fetchone()
 
 
 async def _fetch_all(conn: psycopg.AsyncConnection[Any], name: str, params: Params,
                      row: AsyncRowFactory[Any]) -> list[Any]:
     """Every row of the named query on `conn` (errors untranslated: the caller's)."""
-    cur = await _execute(conn, name, params, row)
+    cur = await _execute_named(conn, name, params, row)
     return await cur.fetchall()
 
 
@@ -74,7 +74,7 @@ class Session(Queries, ConnectionQueries):
 
     async def _run(self, name: str, params: Params = None) -> int:
         with translated():
-            cur = await _execute(self._conn, name, params, dict_row)
+            cur = await _execute_named(self._conn, name, params, dict_row)
             return cur.rowcount
 
     async def _execute(self, statement: sql.Composed | sql.SQL) -> None:
@@ -134,8 +134,8 @@ class Store(Queries):
                 # The pipeline's exit sends the one Sync and reads both results: a sync()
                 # inside the block would cost a second round trip, for the exit's own.
                 async with conn.pipeline():
-                    first = await _execute(conn, "fanout", fanout, class_row(batch))
-                    second = await _execute(conn, "claim", claim, class_row(claimed))
+                    first = await _execute_named(conn, "fanout", fanout, class_row(batch))
+                    second = await _execute_named(conn, "claim", claim, class_row(claimed))
                 return await first.fetchall(), await second.fetchall()
 
 

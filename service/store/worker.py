@@ -13,11 +13,10 @@ from service.store.base import AsyncQueries
 Claimed = TypeVar("Claimed")
 
 
-class ClaimParams(TypedDict):
-    """The parameters of the claim query (service.worker.delivery.claim_params)."""
+class LeaseParams(TypedDict):
+    """What a statement that leases deliveries to this worker is told of its caps and of
+    what it has in flight: the claim's, and the fan-out's on a quiet queue."""
 
-    limit: int
-    scan: int
     per_target: int
     per_owner: int
     lease: float
@@ -28,6 +27,13 @@ class ClaimParams(TypedDict):
     owner_names: list[str]
     owner_counts: list[int]
     saturated_owners: list[str]
+
+
+class ClaimParams(LeaseParams):
+    """The parameters of the claim query (service.worker.delivery.claim_params)."""
+
+    limit: int
+    scan: int
 
 
 class WorkerQueries(AsyncQueries):
