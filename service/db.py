@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 
@@ -176,11 +177,11 @@ def session_options(settings: dict[str, str]) -> str:
     return " ".join(f"-c {name}={escape(value)}" for name, value in settings.items())
 
 
-def service_options(url_options: str | None, *, search_path: bool = True) -> str:
+def service_options(url_options: str | None, *,
+                    search_path: str = SESSION_SETTINGS["search_path"]) -> str:
     """The options of a service connection: SESSION_DEFAULTS, then the URL's own options,
-    then SESSION_SETTINGS (a later -c wins)."""
-    enforced = {k: v for k, v in SESSION_SETTINGS.items()
-                if search_path or k != "search_path"}
+    then SESSION_SETTINGS (a later -c wins), with `search_path` as given."""
+    enforced = {**SESSION_SETTINGS, "search_path": search_path}
     return " ".join(filter(None, [session_options(SESSION_DEFAULTS), url_options,
                                   session_options(enforced)]))
 
@@ -202,9 +203,12 @@ def connect(url: str) -> psycopg.Connection:
 
 def yoyo_url(url: str) -> str:
     """The libpq URI in the form yoyo expects for the psycopg 3 driver, with the service's
-    session options in its query (which yoyo hands to psycopg) but search_path: yoyo keeps
-    its tables (_yoyo_migration, ...) in the current schema, where the role's and the
-    database's search_path made them at the first migrate."""
+    session options in its query (which yoyo hands to psycopg) and schema webhooks alone
+    on the search path: yoyo names its tables (_yoyo_migration, yoyo_lock ...) without a
+    schema, so they live in webhooks, which only the installing role can write (see
+    prepare_yoyo). The role's or the database's search path would let whoever owns a
+    schema early in it plant those tables, with triggers that the migrating superuser
+    runs, and records that skip pending migrations."""
     scheme, sep, rest = url.partition("://")
     if not sep or scheme not in ("postgres", "postgresql"):
         raise ValueError("DATABASE_URL must be a postgresql:// URI")
@@ -212,12 +216,103 @@ def yoyo_url(url: str) -> str:
     query = parse_qsl(parts.query, keep_blank_values=True)
     own = " ".join(v for k, v in query if k == "options") or None
     query = [(k, v) for k, v in query if k != "options"]
-    query.append(("options", service_options(own, search_path=False)))
+    query.append(("options", service_options(own, search_path=YOYO_SCHEMA)))
     return urlunsplit(parts._replace(query=urlencode(query, quote_via=quote)))
 
 
 class MigrationRefused(RuntimeError):
     """The database cannot be migrated by this version of the service; nothing was changed."""
+
+
+# yoyo's own tables: they record the numbered migrations applied (and lock and log runs).
+YOYO_SCHEMA = "webhooks"
+YOYO_TABLES = ("_yoyo_migration", "_yoyo_log", "_yoyo_version", "yoyo_lock")
+
+
+# The roles whose objects the migrating role may trust: itself, the roles it is a member
+# of, and superusers. pg_has_role would say a superuser is a member of every role, and a
+# superuser is who installs the service into a database its application's roles share.
+_TRUSTED_ROLES = """
+WITH RECURSIVE member_of (oid) AS (
+    SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user
+    UNION
+    SELECT a.roleid FROM pg_catalog.pg_auth_members a JOIN member_of m ON a.member = m.oid
+)
+SELECT oid FROM member_of
+UNION
+SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolsuper
+"""
+
+
+def prepare_yoyo(conn: psycopg.Connection[Any]) -> None:
+    """Makes schema webhooks ready to hold yoyo's tables (migration 0001 creates it only
+    when it is missing); run under the migration lock, before yoyo connects.
+
+    Refused when the schema belongs to a role the migrating one does not trust (itself, a
+    role it is a member of, a superuser): whoever owns it could change what every later
+    migrate runs. Versions before this one let yoyo keep its tables in the first schema
+    of the role's search path (usually public): found there, in tables a trusted role
+    owns, they are moved into webhooks; copies another role owns are never read. When the
+    service's tables exist and no such record does, migrate is refused rather than run
+    from 0001 again."""
+    trusted = {r[0] for r in conn.execute(_TRUSTED_ROLES).fetchall()}
+    row = conn.execute(
+        "SELECT n.nspowner, n.nspowner::pg_catalog.regrole::pg_catalog.text, current_user"
+        " FROM pg_catalog.pg_namespace n WHERE n.nspname = %s", (YOYO_SCHEMA,)).fetchone()
+    if row is None:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(YOYO_SCHEMA)))
+    elif row[0] not in trusted:
+        raise MigrationRefused(
+            f"schema {YOYO_SCHEMA} belongs to role {row[1]}, which the migrating role "
+            f"({row[2]}) is not and is not a member of: whoever owns the schema could change "
+            f"what migrate runs. Drop or rename that schema if {row[1]} should not own it, "
+            "or migrate as that role; nothing was changed")
+    if conn.execute("SELECT pg_catalog.to_regclass(%s)",
+                    (f"{YOYO_SCHEMA}._yoyo_migration",)).fetchone() != (None,):
+        return
+    # The earlier versions' records, in tables a trusted role owns, the one that records
+    # most of the numbered migrations first.
+    known = {m.name.split(".")[0] for m in MIGRATIONS_DIR.glob("*.sql")}
+    found = []
+    for schema, owner in conn.execute(
+            "SELECT n.nspname, c.relowner FROM pg_catalog.pg_class c"
+            " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE c.relname = '_yoyo_migration' AND c.relkind = 'r'"
+            "   AND n.nspname <> %s AND n.nspname !~ '^pg_'"
+            " ORDER BY n.nspname", (YOYO_SCHEMA,)).fetchall():
+        if owner not in trusted:
+            continue
+        ids = conn.execute(sql.SQL("SELECT migration_id FROM {}._yoyo_migration").format(
+            sql.Identifier(schema))).fetchall()
+        found.append((sum(1 for (i,) in ids if str(i).split(".")[0] in known), schema))
+    found.sort(key=lambda f: -f[0])
+    if not found or found[0][0] == 0:
+        if conn.execute("SELECT pg_catalog.to_regclass(%s)",
+                        (f"{YOYO_SCHEMA}.subscriptions",)).fetchone() != (None,):
+            raise MigrationRefused(
+                f"schema {YOYO_SCHEMA} holds the service's tables, but no record of the "
+                "migrations applied to them (yoyo's _yoyo_migration) was found in a table "
+                "the migrating role trusts: running them again from 0001 would fail. Migrate "
+                "as the role that installed the service; nothing was changed")
+        return
+    if len(found) > 1 and found[1][0] == found[0][0]:
+        raise MigrationRefused(
+            "records of the migrations applied (yoyo's _yoyo_migration) were found in "
+            f"schemas {found[0][1]} and {found[1][1]} alike: keep the right one (drop or "
+            "rename the other's _yoyo_* tables and yoyo_lock), then migrate again; nothing "
+            "was changed")
+    schema = found[0][1]
+    with conn.transaction():
+        for table in YOYO_TABLES:
+            owner = conn.execute(
+                "SELECT c.relowner FROM pg_catalog.pg_class c"
+                " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = %s AND c.relname = %s", (schema, table)).fetchone()
+            if owner is not None and owner[0] in trusted:
+                conn.execute(sql.SQL("ALTER TABLE {}.{} SET SCHEMA {}").format(
+                    sql.Identifier(schema), sql.Identifier(table),
+                    sql.Identifier(YOYO_SCHEMA)))
+    log.info("migrate: yoyo's tables moved from schema %s to %s", schema, YOYO_SCHEMA)
 
 
 def replaceable_files() -> list[Path]:
@@ -237,6 +332,7 @@ def migrate(url: str) -> list[str]:
     with psycopg.connect(conninfo(url), autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
         try:
+            prepare_yoyo(conn)
             backend = get_backend(yoyo_url(url))
             try:
                 migrations = read_migrations(str(MIGRATIONS_DIR))

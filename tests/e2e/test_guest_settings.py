@@ -32,8 +32,8 @@ from tests.support.subscriptions import subscribe, subscribe_to
 from tests.support.worker import open_pool, payloads, poll, running_worker
 
 # What a database's owner may have set for everyone: each breaks something the service
-# did with the server's defaults. No schema `evil` exists, so yoyo (which keeps its tables
-# in the current schema) still finds them in public.
+# did with the server's defaults. (yoyo keeps its tables in schema webhooks whatever
+# search_path says: tests/db/test_migrate_guest.py.)
 HOSTILE = {
     "DateStyle": "SQL, DMY",
     "TimeZone": "Asia/Kolkata",
@@ -173,7 +173,7 @@ def test_migrate_under_hostile_defaults(empty_db: str) -> None:
     assert db.migrate(empty_db) == []  # yoyo finds what it recorded
     with psycopg.connect(empty_db, autocommit=True, options="-c default_transaction_read_only"
                          "=off") as conn:
-        assert conn.execute("SELECT count(*) FROM public._yoyo_migration").fetchone() != (0,)
+        assert conn.execute("SELECT count(*) FROM webhooks._yoyo_migration").fetchone() != (0,)
         # The functions were installed as written (standard_conforming_strings was off).
         assert conn.execute("SELECT count(*) FROM webhooks.queue_partitions"
                             " WHERE parent = 'deliveries'").fetchone() == (3,)

@@ -43,6 +43,9 @@ def dump_schema(url: str) -> str:
     pg_dump = shutil.which("pg_dump") or "pg_dump"
     result = subprocess.run([pg_dump, "--schema-only", "--no-owner", "--schema=webhooks",
                              "--exclude-table=webhooks.*_p2*", "--exclude-table=webhooks.*_legacy",
+                             # yoyo's records of the migrations (service.db.prepare_yoyo).
+                             "--exclude-table=webhooks._yoyo_*",
+                             "--exclude-table=webhooks.yoyo_lock",
                              url],
                             capture_output=True, text=True, check=True)
     lines = [line for line in result.stdout.splitlines()
@@ -72,6 +75,8 @@ def migrate_to(url: str, last: str) -> None:
     from yoyo import get_backend, read_migrations
     from yoyo.migrations import MigrationList
 
+    with psycopg.connect(db.conninfo(url), autocommit=True) as conn:
+        db.prepare_yoyo(conn)
     backend = get_backend(db.yoyo_url(url))
     try:
         wanted = MigrationList(m for m in read_migrations(str(db.MIGRATIONS_DIR))
