@@ -73,6 +73,11 @@ class WorkerQueries(AsyncQueries):
         """Deactivates the subscriptions whose targets answered that they are gone."""
         await self._run("stop_gone", {"subscription_ids": subscription_ids})
 
+    async def close_inactive(self, *, subscription_ids: list[int], limit: int) -> int:
+        """Closes up to `limit` due deliveries of these subscriptions, if inactive; how many."""
+        return await self._run("close_inactive", {"subscription_ids": subscription_ids,
+                                                  "limit": limit})
+
     async def release(self, *, ids: list[int], attempts: list[int]) -> None:
         """Gives claimed deliveries back, due now, their attempt not counted."""
         await self._run("release", {"ids": ids, "attempts": attempts})

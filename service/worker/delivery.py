@@ -98,14 +98,9 @@ async def claim(store: Store, *, limit: int, per_target: int,
     (None: no cap). Deliveries of inactive subscriptions are closed as failed and not
     returned.
     """
-    return await claim_with(store, claim_params(
+    rows = await store.claim(Claim, **claim_params(
         limit=limit, per_target=per_target, busy=busy, lease=lease, scan=scan,
         degraded=degraded, per_owner=per_owner, busy_owners=busy_owners))
-
-
-async def claim_with(store: Store, params: ClaimParams) -> list[Claim]:
-    """claim() with its parameters made by claim_params(), in start order."""
-    rows = await store.claim(Claim, **params)
     return in_start_order(rows)
 
 
@@ -113,6 +108,11 @@ def in_start_order(rows: Sequence[Claim]) -> list[Claim]:
     """The active claims of a claim query's rows, in the order their attempts start."""
     # RETURNING has no order: attempts of one subscription start in event order.
     return sorted((c for c in rows if c.active), key=lambda c: (c.due, c.id))
+
+
+def inactive(rows: Sequence[Claim]) -> list[int]:
+    """The subscriptions the claim found inactive (it closed those rows), in id order."""
+    return sorted({c.subscription_id for c in rows if not c.active})
 
 
 def leased(rows: Sequence[Sequence[Any]] | None) -> list[Claim]:

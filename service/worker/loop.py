@@ -64,6 +64,8 @@ CATCH_UP_RETRY = 0.5
 # autovacuum comes (a minute or more): a fresh change's fan-out and claim took 1.6 ms
 # right after a 20,000-delivery backlog, 1.0 ms once vacuumed.
 VACUUM_AFTER = 10_000
+# Deliveries of inactive subscriptions closed per statement (Worker._close_inactive).
+CLOSE_BATCH = 5_000
 
 _worker_numbers = itertools.count(1)
 
@@ -240,9 +242,24 @@ class Worker:
             self.pacing.ask()
             return self.settings.poll_interval
         self.stats.round_trips += 1
-        claims = await delivery.claim_with(self.queue, self.pacing.claim_params(wanted))
+        rows = await self.queue.claim(Claim, **self.pacing.claim_params(wanted))
+        claims = delivery.in_start_order(rows)
         self._attempts.start(claims)
+        await self._close_inactive(rows)
         return await self._paced(claims, wanted, now, until_fanout)
+
+    async def _close_inactive(self, rows: list[Claim]) -> None:
+        """Closes, batch after batch, the rest of the due queue of the subscriptions the
+        claim found inactive (it closes what it meets of them within its caps, oldest
+        first): a large queue of a subscription made inactive never stands before every
+        other subscription's (close_inactive in sql/queries/worker.sql)."""
+        ids = delivery.inactive(rows)
+        while ids:
+            self.stats.round_trips += 1
+            closed = await self.queue.close_inactive(subscription_ids=ids, limit=CLOSE_BATCH)
+            self.stats.closed_inactive += closed
+            if closed < CLOSE_BATCH:
+                return
 
     async def _paced(self, claims: list[Claim], wanted: int, now: float,
                      until_fanout: float) -> float:
@@ -309,6 +326,7 @@ class Worker:
         # The senders go first (a fresh change's POST is the latency that counts); the
         # bookkeeping below waits one turn of the loop.
         await asyncio.sleep(0)
+        await self._close_inactive(rows)
         await self._fanned_out(batch.taken, batch.changes, batch.created, batch.locked, limit)
         if batch.locked and batch.taken >= limit:
             self._start_catch_up()  # a backlog: fanned out beside the loop's claims

@@ -240,6 +240,31 @@ UPDATE webhooks.deliveries
  WHERE subscription_id = ANY (%(subscription_ids)s::bigint[])
    AND status = 'pending'
 
+-- name: close_inactive --
+-- Closes as failed, at once, up to %(limit)s due deliveries of these subscriptions that are
+-- still inactive; the claim returned some of theirs closed. A subscription paused over the
+-- API, detached, or whose table was dropped keeps its pending deliveries, and the claim
+-- closes what it meets of them within its caps, oldest first: a large queue of one
+-- stood before every other subscription's for as long as the claims took to reach its
+-- end (20,000 held another owner's fresh delivery for 107-168 s). Rows another
+-- transaction holds (a claim, the subscription's DELETE) are skipped, never waited for;
+-- not-yet-due retries wait for their time, as before. No attempt is counted: nothing was
+-- sent. The rows are found by the pending index and updated by address, as the claim's.
+WITH x AS MATERIALIZED (
+    SELECT p.tableoid AS part, p.ctid AS tid, p.created_at
+      FROM webhooks.subscriptions s
+      JOIN webhooks.deliveries p ON p.subscription_id = s.id
+     WHERE s.id = ANY (%(subscription_ids)s::bigint[]) AND NOT s.active
+       AND p.status = 'pending' AND p.next_attempt_at <= now()
+     LIMIT %(limit)s
+       FOR UPDATE OF p SKIP LOCKED
+)
+UPDATE webhooks.deliveries d
+   SET status = 'failed', finished_at = now(), lease_expires_at = NULL
+  FROM x
+ WHERE d.ctid = ANY (ARRAY(SELECT t.tid FROM x t))
+   AND d.created_at = x.created_at AND d.tableoid = x.part AND d.ctid = x.tid
+
 -- name: release --
 -- Shutdown: claims this worker will not finish come due again at once, and the attempt
 -- they did not complete is given back.
