@@ -587,9 +587,11 @@ BEGIN
     -- The one statement that queues a change and wakes a worker if one waits, from the
     -- subquery (%7$s) that gives its rows: none when they are NULL (a statement that
     -- changed no row, or no row whose captured form changed). Waking only when a worker
-    -- waits (webhooks.wakeups) and a row was queued: commits that NOTIFY serialise on a
-    -- database-wide lock, so a busy system, whose workers poll the outbox anyway, sends
-    -- none. Postgres folds identical notifications of a transaction into one.
+    -- waits (webhooks.wakeups), a row was queued and no other open transaction holds the
+    -- wakeup's token (see webhooks.notify_lock_class): commits that NOTIFY
+    -- serialise on a database-wide lock, so a busy system, whose workers poll the outbox
+    -- anyway, sends none, and concurrent writers send one at a time. Postgres folds
+    -- identical notifications of a transaction into one.
     v_queue := $q$WITH queued AS (
             INSERT INTO webhooks.outbox (hook_resource, name, resource, parent_resource,
                                          include_row, user_setting, role, occurred_at, rows,
@@ -602,7 +604,10 @@ BEGIN
              WHERE x.rows IS NOT NULL
             RETURNING 1)
         SELECT 1 INTO v_woken
-          FROM (SELECT pg_catalog.pg_notify('webhooks', '') FROM webhooks.wakeups
+          FROM (SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock($q$
+                                   || webhooks.notify_lock_class() || $q$, 0)
+                            THEN pg_catalog.pg_notify('webhooks', '') END
+                  FROM webhooks.wakeups
                  WHERE EXISTS (SELECT 1 FROM queued) LIMIT 1) AS k;$q$;
     v_body := format($src$
 DECLARE
@@ -1421,6 +1426,11 @@ BEGIN
     RETURN v_count;
 END
 $$;
+
+CREATE FUNCTION webhooks.notify_lock_class() RETURNS integer
+    LANGUAGE sql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$ SELECT 2003332718 $$;
 
 CREATE FUNCTION webhooks.on_alter_table() RETURNS event_trigger
     LANGUAGE plpgsql SECURITY DEFINER
@@ -2453,6 +2463,8 @@ REVOKE ALL ON FUNCTION webhooks.keep_detached_deliveries(detached text, lower_bo
 REVOKE ALL ON FUNCTION webhooks.lifecycle(failing_after interval, disable_after interval) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.lifecycle_event(subject webhooks.subscriptions, event_name text) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION webhooks.notify_lock_class() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.on_alter_table() FROM PUBLIC;
 

@@ -68,6 +68,13 @@ class Wakeup:
     7. NOTIFY only wakes: the outbox is the truth, and the poll interval recovers anything
        a lost notification would have left behind. Fan-out runs when a notification came
        or the interval passed, not on every wake (most wakes are freed delivery slots).
+    8. Concurrent writers notify one at a time: a writer notifies only while it holds the
+       wakeup's token (webhooks.notify_lock_class, tried and never waited for, held to its
+       commit), so the others' commits do not queue behind each other's NOTIFY. Their
+       changes come with the notifying one's fan-out, or at the recheck: any fan-out that
+       took something while armed starts the rechecks again from RECHECK_MIN (50 ms),
+       as arming does. A long transaction that holds the token leaves the others to
+       those rechecks until it ends.
     """
 
     def __init__(self, listener: HasPid, *, batch_size: int, poll_interval: float) -> None:
@@ -127,6 +134,8 @@ class Wakeup:
             await self.disarm(store)
         elif step is Step.ARM:
             await self._arm(store, now)
+        elif taken and self.armed_at is not None:
+            self.armed_at = now  # point 8: the rechecks start again from RECHECK_MIN
         return step
 
     async def _arm(self, store: Store, now: float) -> None:

@@ -184,6 +184,31 @@ def test_no_notification_while_no_worker_waits(db_url: str,
     assert [r["row_data"]["number"] for r in outbox(subscribed)] == ["busy", "idle"]
 
 
+def test_concurrent_writers_notify_one_at_a_time(db_url: str,
+                                                 subscribed: psycopg.Connection) -> None:
+    # A writer notifies only while it holds the wakeup's token (webhooks.notify_lock_class):
+    # commits that NOTIFY serialise on a database-wide lock, through their WAL flush.
+    with psycopg.connect(db_url, autocommit=True) as listener, \
+            psycopg.connect(db_url) as holder:
+        listener.execute("LISTEN webhooks")
+        listener.execute("LISTEN webhooks_marker")
+        arm(listener)
+        holder.execute("INSERT INTO invoices (number, customer, amount) VALUES ('a', 'c', 1)")
+        # Committed while the holder's transaction has the token: no NOTIFY of its own.
+        subscribed.execute("INSERT INTO invoices (number, customer, amount) "
+                           "VALUES ('b', 'c', 1)")
+        assert notifications_before_marker(listener, subscribed) == ["webhooks_marker"]
+        holder.commit()
+        assert notifications_before_marker(listener, subscribed) == [
+            "webhooks", "webhooks_marker"]
+        # The token is free again.
+        subscribed.execute("INSERT INTO invoices (number, customer, amount) "
+                           "VALUES ('c', 'c', 1)")
+        assert notifications_before_marker(listener, subscribed) == [
+            "webhooks", "webhooks_marker"]
+    assert sorted(r["row_data"]["number"] for r in outbox(subscribed)) == ["a", "b", "c"]
+
+
 def test_no_notification_for_a_rolled_back_transaction(db_url: str,
                                                        subscribed: psycopg.Connection) -> None:
     with psycopg.connect(db_url, autocommit=True) as listener:

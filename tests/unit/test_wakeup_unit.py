@@ -143,3 +143,17 @@ def test_a_worker_disarmed_by_a_backlog_arms_again_once_it_keeps_up() -> None:
     assert w.decide(taken=BATCH // 2 + 1) is Step.KEEP
     w, _ = armed()
     assert w.decide(taken=BATCH - 1) is Step.KEEP
+
+
+async def test_a_fan_out_that_took_something_starts_the_rechecks_again() -> None:
+    # Writers that did not hold the wakeup's token did not notify: what they committed
+    # after the notifying one's fan-out is looked for RECHECK_MIN later, not at the
+    # backed-off interval.
+    w, _ = armed(at=100.0)
+    assert w.interval(100.9) == pytest.approx(0.9)
+    assert await w.after_fanout(cast(Store, None), taken=2, now=100.9) is Step.KEEP
+    assert w.interval(100.9) == RECHECK_MIN
+    assert w.interval(101.2) == pytest.approx(0.3)
+    # An empty fan-out keeps backing off.
+    assert await w.after_fanout(cast(Store, None), taken=0, now=101.2) is Step.KEEP
+    assert w.interval(101.5) == pytest.approx(0.6)
