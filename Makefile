@@ -44,10 +44,10 @@ lint: install ## ruff, mypy and import-linter (the layers of service/)
 
 run: install ## migrate, load the demo schema, print a token, serve the API and a worker
 	WEBHOOKS_ALLOW_PRIVATE_TARGETS=$${WEBHOOKS_ALLOW_PRIVATE_TARGETS:-true} \
-	  $(DEVDB) -- $(BIN)/webhooks dev
+	  $(DEVDB) -- $(BIN)/webhooks dev $(if $(PORT),--port $(PORT))
 
 demo: install ## subscribe a local receiver and watch signed deliveries (with `make run` going)
-	$(DEVDB) -- $(BIN)/webhooks demo
+	$(DEVDB) -- $(BIN)/webhooks demo $(if $(API),--api $(API))
 
 status: install ## what the service is doing, at a glance
 	$(DEVDB) -- $(BIN)/webhooks status

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -12,7 +13,7 @@ import psycopg
 from service import __version__, db
 from service.commands import deliveries
 from service.commands.runner import run_loop
-from service.config import ConfigError, Settings
+from service.config import DEFAULT_DATABASE_URL, ConfigError, Settings
 from service.logs import setup_logging
 from service.store import StoreRejected, StoreUnavailable
 
@@ -41,7 +42,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_api(args: argparse.Namespace) -> int:
-    from service.commands.runner import run_api
+    from service.commands.runner import api_socket, run_api
 
     settings = _settings()
     if args.processes < 1:
@@ -51,7 +52,8 @@ def cmd_api(args: argparse.Namespace) -> int:
 
         return run_processes([api_child_argv(args.host, args.port)
                               for _ in range(args.processes)])
-    run_loop(run_api(settings, host=args.host, port=args.port, reuse_port=args.reuse_port))
+    sock = api_socket(args.host, args.port, reuse_port=args.reuse_port)
+    run_loop(run_api(settings, sock))
     return 0
 
 
@@ -72,11 +74,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from service.commands.runner import run_all
+    from service.commands.runner import api_socket, run_all
 
     settings = _settings()
-    run_loop(run_all(settings, host=args.host, port=args.port,
-                        concurrency=args.concurrency or settings.concurrency))
+    sock = api_socket(args.host, args.port)
+    run_loop(run_all(settings, sock, concurrency=args.concurrency or settings.concurrency))
     return 0
 
 
@@ -280,6 +282,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except (psycopg.OperationalError, StoreUnavailable) as exc:
         print(f"webhooks: cannot reach the database: {one_line(exc)}", file=sys.stderr)
+        if "DATABASE_URL" not in os.environ:
+            print("webhooks: DATABASE_URL is not set, so this was make run's private "
+                  f"cluster ({DEFAULT_DATABASE_URL}): start `make run`, or set DATABASE_URL",
+                  file=sys.stderr)
         return 1
     except (psycopg.Error, StoreRejected) as exc:
         sqlstate = getattr(exc, "sqlstate", None)

@@ -80,17 +80,17 @@ async def _ensure_api(settings: Settings, api: str, token: str | None, token_fil
                       stop: asyncio.Event) -> tuple[str, asyncio.Task[None] | None]:
     """The token to use, and the API and worker this demo started (None when one answered)."""
     from service.commands.dev import prepare
-    from service.commands.runner import run_all
+    from service.commands.runner import api_socket, run_all
 
     own_service: asyncio.Task[None] | None = None
     if not await _api_up(api):
         parts = urlsplit(api)
         print(f"no API at {api}: starting one, with a worker, for this demo")
         settings = Settings(**{**settings.__dict__, "allow_private_targets": True})
+        sock = api_socket(parts.hostname or "127.0.0.1", parts.port or 8000)
         token = token or prepare(settings, Path(token_file))
         own_service = asyncio.create_task(run_all(
-            settings, host=parts.hostname or "127.0.0.1", port=parts.port or 8000,
-            concurrency=settings.concurrency, stop=stop))
+            settings, sock, concurrency=settings.concurrency, stop=stop))
         deadline = time.monotonic() + 30
         while not await _api_up(api):
             if time.monotonic() > deadline or own_service.done():

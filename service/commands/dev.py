@@ -47,9 +47,11 @@ def banner(token: str, host: str, port: int) -> str:
 
 def dev(settings: Settings, host: str, port: int, token_file: str) -> int:
     """Prepares the database, prints the token and runs the API and a worker until Ctrl-C."""
-    from service.commands.runner import run_all, run_loop
+    from service.commands.runner import api_socket, run_all, run_loop
 
+    # Bound first: with the port in use, no banner points at another process's API.
+    sock = api_socket(host, port)
     token = prepare(settings, Path(token_file))
     print(banner(token, host, port), flush=True)
-    run_loop(run_all(settings, host=host, port=port, concurrency=settings.concurrency))
+    run_loop(run_all(settings, sock, concurrency=settings.concurrency))
     return 0

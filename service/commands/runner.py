@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gc
 import logging
 import signal
@@ -40,6 +41,9 @@ class _Server(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
+        if self.started:
+            # uvicorn says where it listens only for an address it bound itself.
+            log.info("API listening on http://%s:%d", self.config.host, self.config.port)
         freeze_startup_heap()
 
 
@@ -65,35 +69,45 @@ def stop_on_signals(stop: asyncio.Event) -> None:
         loop.add_signal_handler(sig, handle, sig)
 
 
-def reuse_port_socket(host: str, port: int) -> socket.socket:
-    """A listening-ready socket on host:port with SO_REUSEPORT: processes that each bind
-    one share the port, the kernel spreading new connections between them."""
-    family, kind, proto, _, address = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+def api_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """The API's listening socket, bound before anything else starts (the banner of
+    `make run`, the worker), so that an address in use stops the command at once with a
+    clear message: uvicorn's own bind exited from inside its task, and the process went
+    on without an API, and could hang on shutdown. With `reuse_port`, SO_REUSEPORT:
+    processes that each bind one share the port, the kernel spreading new connections
+    between them (webhooks api --processes)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except OSError as exc:
+        raise SystemExit(f"webhooks: cannot listen on {host}:{port}: {exc}") from None
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(address)
     except OSError as exc:
         sock.close()
-        raise SystemExit(f"webhooks: the API could not bind {host}:{port}: {exc}") from None
+        hint = (" (another process is listening there: stop it, or choose another port"
+                " with --port)") if exc.errno == errno.EADDRINUSE else ""
+        raise SystemExit(f"webhooks: cannot listen on {host}:{port}: "
+                         f"{exc.strerror or exc}{hint}") from None
     return sock
 
 
-async def serve_api(settings: Settings, host: str, port: int, stop: asyncio.Event,
-                    other_metrics: Sequence[CollectorRegistry] = (),
-                    reuse_port: bool = False) -> None:
-    """Serves the REST API until `stop` is set, then finishes open requests and returns.
-    With `reuse_port` it binds with SO_REUSEPORT (webhooks api --processes)."""
+async def serve_api(settings: Settings, sock: socket.socket, stop: asyncio.Event,
+                    other_metrics: Sequence[CollectorRegistry] = ()) -> None:
+    """Serves the REST API on `sock` (api_socket) until `stop` is set, then finishes open
+    requests and returns."""
     from service.api.app import create_app
 
+    host, port = sock.getsockname()[:2]
     config = uvicorn.Config(create_app(settings, other_metrics=other_metrics), host=host,
                             port=port, log_config=None,
                             access_log=False, lifespan="on", timeout_graceful_shutdown=10)
     server = _Server(config)
-    sockets = [reuse_port_socket(host, port)] if reuse_port else None
-    task = asyncio.create_task(server.serve(sockets=sockets))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
     stopper = asyncio.create_task(stop.wait())
     await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
     server.should_exit = True
@@ -103,17 +117,17 @@ async def serve_api(settings: Settings, host: str, port: int, stop: asyncio.Even
         raise SystemExit(f"webhooks: the API could not start on {host}:{port}")
 
 
-async def run_api(settings: Settings, host: str, port: int, reuse_port: bool = False
-                  ) -> None:
-    """`webhooks api`: the API alone."""
+async def run_api(settings: Settings, sock: socket.socket) -> None:
+    """`webhooks api`: the API alone, on `sock` (api_socket)."""
     stop = asyncio.Event()
     stop_on_signals(stop)
-    await serve_api(settings, host, port, stop, reuse_port=reuse_port)
+    await serve_api(settings, sock, stop)
 
 
-async def run_all(settings: Settings, host: str, port: int, concurrency: int,
+async def run_all(settings: Settings, sock: socket.socket, concurrency: int,
                   stop: asyncio.Event | None = None) -> None:
-    """`webhooks run`: the API and a worker in one process; either failing stops both."""
+    """`webhooks run`: the API (on `sock`, api_socket) and a worker in one process; either
+    failing stops both."""
     from service.worker.loop import run_worker
     from service.worker.metrics import WorkerMetrics
 
@@ -123,7 +137,7 @@ async def run_all(settings: Settings, host: str, port: int, concurrency: int,
     # One /metrics for the process: the API's series and the worker's.
     worker_metrics = WorkerMetrics()
     tasks = [
-        asyncio.create_task(serve_api(settings, host, port, stop,
+        asyncio.create_task(serve_api(settings, sock, stop,
                                       other_metrics=[worker_metrics.registry]), name="api"),
         asyncio.create_task(run_worker(settings, concurrency=concurrency, stop=stop,
                                        metrics=worker_metrics), name="worker"),

@@ -10,7 +10,7 @@ import time
 
 import httpx
 
-from service.commands.runner import serve_api
+from service.commands.runner import api_socket, serve_api
 from tests.support.net import free_port
 from tests.support.worker import make_settings
 
@@ -19,7 +19,8 @@ async def test_the_api_freezes_its_startup_heap(db_url: str) -> None:
     gc.unfreeze()
     assert gc.get_freeze_count() == 0
     port, stop = free_port(), asyncio.Event()
-    server = asyncio.create_task(serve_api(make_settings(db_url), "127.0.0.1", port, stop))
+    server = asyncio.create_task(serve_api(make_settings(db_url), api_socket("127.0.0.1", port),
+                                           stop))
     try:
         deadline = time.monotonic() + 30
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
