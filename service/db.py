@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Collection
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
@@ -244,7 +245,7 @@ SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolsuper
 """
 
 
-def prepare_yoyo(conn: psycopg.Connection[Any]) -> None:
+def prepare_yoyo(conn: psycopg.Connection[Any], known: Collection[str]) -> None:
     """Makes schema webhooks ready to hold yoyo's tables (migration 0001 creates it only
     when it is missing); run under the migration lock, before yoyo connects.
 
@@ -254,7 +255,7 @@ def prepare_yoyo(conn: psycopg.Connection[Any]) -> None:
     of the role's search path (usually public): found there, in tables a trusted role
     owns, they are moved into webhooks; copies another role owns are never read. When the
     service's tables exist and no such record does, migrate is refused rather than run
-    from 0001 again."""
+    from 0001 again. `known`: the ids of this version's numbered migrations."""
     trusted = {r[0] for r in conn.execute(_TRUSTED_ROLES).fetchall()}
     row = conn.execute(
         "SELECT n.nspowner, n.nspowner::pg_catalog.regrole::pg_catalog.text, current_user"
@@ -272,7 +273,6 @@ def prepare_yoyo(conn: psycopg.Connection[Any]) -> None:
         return
     # The earlier versions' records, in tables a trusted role owns, the one that records
     # most of the numbered migrations first.
-    known = {m.name.split(".")[0] for m in MIGRATIONS_DIR.glob("*.sql")}
     found = []
     for schema, owner in conn.execute(
             "SELECT n.nspname, c.relowner FROM pg_catalog.pg_class c"
@@ -284,7 +284,7 @@ def prepare_yoyo(conn: psycopg.Connection[Any]) -> None:
             continue
         ids = conn.execute(sql.SQL("SELECT migration_id FROM {}._yoyo_migration").format(
             sql.Identifier(schema))).fetchall()
-        found.append((sum(1 for (i,) in ids if str(i).split(".")[0] in known), schema))
+        found.append((sum(1 for (i,) in ids if i in known), schema))
     found.sort(key=lambda f: -f[0])
     if not found or found[0][0] == 0:
         if conn.execute("SELECT pg_catalog.to_regclass(%s)",
@@ -332,13 +332,13 @@ def migrate(url: str) -> list[str]:
     with psycopg.connect(conninfo(url), autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
         try:
-            prepare_yoyo(conn)
+            migrations = read_migrations(str(MIGRATIONS_DIR))
+            if not migrations:
+                raise RuntimeError(f"no migrations found in {MIGRATIONS_DIR}: the "
+                                   "installed package is incomplete")
+            prepare_yoyo(conn, {m.id for m in migrations})
             backend = get_backend(yoyo_url(url))
             try:
-                migrations = read_migrations(str(MIGRATIONS_DIR))
-                if not migrations:
-                    raise RuntimeError(f"no migrations found in {MIGRATIONS_DIR}: the "
-                                       "installed package is incomplete")
                 with backend.lock():
                     _refuse_newer(backend, migrations)
                     pending = backend.to_apply(migrations)

@@ -75,12 +75,12 @@ def migrate_to(url: str, last: str) -> None:
     from yoyo import get_backend, read_migrations
     from yoyo.migrations import MigrationList
 
+    migrations = read_migrations(str(db.MIGRATIONS_DIR))
     with psycopg.connect(db.conninfo(url), autocommit=True) as conn:
-        db.prepare_yoyo(conn)
+        db.prepare_yoyo(conn, {m.id for m in migrations})
     backend = get_backend(db.yoyo_url(url))
     try:
-        wanted = MigrationList(m for m in read_migrations(str(db.MIGRATIONS_DIR))
-                               if m.id <= last)
+        wanted = MigrationList(m for m in migrations if m.id <= last)
         with backend.lock():
             backend.apply_migrations(backend.to_apply(wanted))
     finally:
