@@ -3,6 +3,7 @@ wakeup row, crash records, failure lifecycle rounds and the queue's partitions."
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, TypedDict, TypeVar
 
 from psycopg import sql
@@ -34,6 +35,17 @@ class ClaimParams(LeaseParams):
 
     limit: int
     scan: int
+    # Heads of other queues found by the worker's lane (others_due), as (id, created_at).
+    extra_ids: list[int]
+    extra_created: list[datetime]
+
+
+class OthersDue(TypedDict):
+    """What the lane for other queues found (others_due in sql/queries/worker.sql)."""
+
+    last: int
+    ids: list[int]
+    created: list[datetime]
 
 
 class WorkerQueries(AsyncQueries):
@@ -43,14 +55,26 @@ class WorkerQueries(AsyncQueries):
                     per_owner: int, lease: float, busy_ids: list[int],
                     busy_counts: list[int], saturated: list[int], degraded: list[int],
                     owner_names: list[str], owner_counts: list[int],
-                    saturated_owners: list[str]) -> list[Claimed]:
+                    saturated_owners: list[str], extra_ids: list[int],
+                    extra_created: list[datetime]) -> list[Claimed]:
         """Leases up to `limit` due deliveries below their caps, as `into` (unordered)."""
         return await self._all("claim", {
             "limit": limit, "scan": scan, "per_target": per_target, "per_owner": per_owner,
             "lease": lease, "busy_ids": busy_ids, "busy_counts": busy_counts,
             "saturated": saturated, "degraded": degraded, "owner_names": owner_names,
-            "owner_counts": owner_counts, "saturated_owners": saturated_owners},
+            "owner_counts": owner_counts, "saturated_owners": saturated_owners,
+            "extra_ids": extra_ids, "extra_created": extra_created},
             row=class_row(into))
+
+    async def others_due(self, *, after: int, steps: int, saturated: list[int]
+                         ) -> OthersDue:
+        """The first due delivery of each subscription with pending deliveries, walked in
+        id order from `after` (at most `steps`), for the next claim."""
+        row = await self._one("others_due", {"after": after, "steps": steps,
+                                             "saturated": saturated})
+        assert row is not None
+        return {"last": row["last"], "ids": list(row["ids"]),
+                "created": list(row["created"])}
 
     async def next_due(self, *, saturated: list[int], saturated_owners: list[str]
                        ) -> float | None:

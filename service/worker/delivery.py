@@ -23,7 +23,7 @@ from service.logs import redact
 from service.outcomes import Answer, classify
 from service.ssrf import TargetRejected
 from service.store import Store
-from service.store.worker import ClaimParams
+from service.store.worker import ClaimParams, OthersDue
 from service.worker.retry import next_delay
 from service.worker.signing import message_id, signed_headers
 
@@ -139,10 +139,14 @@ def saturated_owners(busy_owners: Mapping[str, int], per_owner: int | None) -> l
 
 def claim_params(*, limit: int, per_target: int, busy: Mapping[int, int], lease: float,
                  scan: int, degraded: Collection[int] = (), per_owner: int | None = None,
-                 busy_owners: Mapping[str, int] | None = None) -> ClaimParams:
-    """The parameters of the claim query (see claim())."""
+                 busy_owners: Mapping[str, int] | None = None,
+                 others: OthersDue | None = None) -> ClaimParams:
+    """The parameters of the claim query (see claim()); `others`: what the lane for other
+    queues found (others_due), claimed beside the oldest."""
     owners = busy_owners or {}
     return {
+        "extra_ids": others["ids"] if others else [],
+        "extra_created": others["created"] if others else [],
         "limit": limit,
         "scan": max(scan, limit),
         "per_target": per_target,

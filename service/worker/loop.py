@@ -28,6 +28,7 @@ from service.availability import wait_for_database
 from service.config import Settings
 from service.curl import CurlClient
 from service.store import QUEUE_SETTINGS, Store, StoreError, StoreRejected, make_pool
+from service.store.worker import OthersDue
 from service.worker import delivery
 from service.worker.attempts import Attempts
 from service.worker.backfill import backfill_loop
@@ -37,7 +38,7 @@ from service.worker.lifecycle import interval as lifecycle_interval
 from service.worker.lifecycle import run_round as lifecycle_round
 from service.worker.listener import Listener
 from service.worker.metrics import WorkerMetrics, WorkerStats
-from service.worker.pacing import MIN_WAIT, Pacing
+from service.worker.pacing import LANE_STEPS, MIN_WAIT, Pacing
 from service.worker.pruning import prune_loop
 from service.worker.recorder import Recorder
 from service.worker.slots import Slots
@@ -241,12 +242,24 @@ class Worker:
             # Finishing attempts wake us; then claim.
             self.pacing.ask()
             return self.settings.poll_interval
+        others = await self._others(now)
         self.stats.round_trips += 1
-        rows = await self.queue.claim(Claim, **self.pacing.claim_params(wanted))
+        rows = await self.queue.claim(Claim, **self.pacing.claim_params(wanted, others))
         claims = delivery.in_start_order(rows)
         self._attempts.start(claims)
         await self._close_inactive(rows)
         return await self._paced(claims, wanted, now, until_fanout)
+
+    async def _others(self, now: float) -> OthersDue | None:
+        """The first due delivery of other queues, for the next claim, when the lane is due
+        (Pacing.lane_due; others_due in sql/queries/worker.sql)."""
+        if not self.pacing.lane_due(now):
+            return None
+        self.stats.round_trips += 1
+        others = await self.queue.others_due(after=self.pacing.lane_after, steps=LANE_STEPS,
+                                             saturated=self.slots.saturated())
+        self.pacing.lane_ran(others["last"], now)
+        return others
 
     async def _close_inactive(self, rows: list[Claim]) -> None:
         """Closes, batch after batch, the rest of the due queue of the subscriptions the
@@ -293,11 +306,12 @@ class Worker:
         wanted = self.slots.wanted()
         if wanted == 0:
             return None
-        self.stats.round_trips += 1
-        limit = self.fanout_size.limit
-        claim = self.pacing.claim_params(wanted)
         # A quiet queue: the fan-out leases what it makes, and no claim follows it.
         quiet = self.pacing.quiet(now)
+        others = None if quiet else await self._others(now)
+        self.stats.round_trips += 1
+        limit = self.fanout_size.limit
+        claim = self.pacing.claim_params(wanted, others)
         try:
             if quiet:
                 batch = await self.queue.fanout(FanoutBatch, fanout_params(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from service.store.worker import ClaimParams
+from service.store.worker import ClaimParams, OthersDue
 from service.worker import delivery
 from service.worker.delivery import Claim
 from service.worker.slots import Slots
@@ -20,6 +20,12 @@ from service.worker.wakeup import RECHECK_MIN
 
 # Shortest sleep when work is due but could not be claimed (locked by another worker).
 MIN_WAIT = 0.01
+# While claims find work, how often a claim also takes the first due delivery of other
+# queues (the claim reads the oldest first: without it, a fresh delivery waited behind
+# every older one of another owner), and how many subscriptions with pending deliveries
+# one walk visits (the next walk goes on from there).
+LANE_EVERY = 0.2
+LANE_STEPS = 256
 
 
 class Pacing:
@@ -38,6 +44,11 @@ class Pacing:
         # back): until due_at, a fan-out may lease what it makes (quiet()).
         self.drained = False
         self.view: tuple[dict[int, int], dict[str, int]] = ({}, {})
+        # The lane for other queues (lane_due): whether the last claim found work, when the
+        # lane last ran and where its walk goes on.
+        self.busy = False
+        self.lane_at = float("-inf")
+        self.lane_after = 0
 
     def ask(self) -> None:
         """Something may have made deliveries claimable (a notification, a fan-out, a
@@ -68,7 +79,16 @@ class Pacing:
         checks that nothing is due, and says when it was wrong)."""
         return self.drained and now < self.due_at
 
-    def claim_params(self, wanted: int) -> ClaimParams:
+    def lane_due(self, now: float) -> bool:
+        """Whether the next claim should also take the heads of other queues (others_due):
+        every LANE_EVERY while claims find work."""
+        return self.busy and now - self.lane_at >= LANE_EVERY
+
+    def lane_ran(self, last: int, now: float) -> None:
+        """The lane walked up to subscription `last` (0: to the end)."""
+        self.lane_at, self.lane_after = now, last
+
+    def claim_params(self, wanted: int, others: OthersDue | None = None) -> ClaimParams:
         """The claim's parameters for `wanted` deliveries, noting what is in flight."""
         # What the query sees in flight: a short claim may have stopped at a cap that the
         # attempts finishing during its round trip have freed since (see claimed).
@@ -77,12 +97,14 @@ class Pacing:
         return delivery.claim_params(
             limit=wanted, per_target=self.slots.initial, busy=self.slots.claim_busy(),
             lease=self.lease, scan=self.scan, degraded=self.slots.degraded,
-            per_owner=self.slots.per_owner, busy_owners=self.slots.claim_busy_owners())
+            per_owner=self.slots.per_owner, busy_owners=self.slots.claim_busy_owners(),
+            others=others)
 
     def claimed(self, claims: Collection[Claim], wanted: int, now: float) -> float | None:
         """After a claim that asked for `wanted` (its attempts started): how long to wait,
         or None when the claim found nothing and the loop should ask when the next
         delivery is due (then next_due)."""
+        self.busy = bool(claims)
         if len(claims) >= wanted:
             self.claim_due = True  # a full claim: more may be due
             self.drained = False

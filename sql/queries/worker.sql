@@ -22,7 +22,7 @@ WITH busy AS (
 ), busy_owners AS (
     SELECT owner, n
       FROM unnest(%(owner_names)s::text[], %(owner_counts)s::int[]) AS b (owner, n)
-), candidates AS (
+), fifo AS (
     SELECT d.id, d.created_at, d.subscription_id, d.event_id, s.owner, d.next_attempt_at,
            d.tableoid AS part, d.ctid AS tid
       FROM webhooks.deliveries d
@@ -44,6 +44,30 @@ WITH busy AS (
      ORDER BY d.next_attempt_at, d.id
      LIMIT %(scan)s
        FOR UPDATE OF d SKIP LOCKED
+), others AS (
+    -- The heads that the worker's lane for other queues found (others_due below), when
+    -- it ran before this claim: the oldest first would leave them behind a long queue of
+    -- other subscriptions. Checked again here as the oldest are.
+    SELECT d.id, d.created_at, d.subscription_id, d.event_id, s.owner, d.next_attempt_at,
+           d.tableoid AS part, d.ctid AS tid
+      FROM webhooks.deliveries d
+      JOIN webhooks.subscriptions s ON s.id = d.subscription_id
+     WHERE d.id = ANY (%(extra_ids)s::bigint[])
+       AND d.created_at = ANY (%(extra_created)s::timestamptz[])
+       AND d.id <> ALL (ARRAY(SELECT f.id FROM fifo f))
+       AND d.status = 'pending'
+       AND d.next_attempt_at <= now()
+       AND d.subscription_id <> ALL (%(saturated)s::bigint[])
+       AND s.owner <> ALL (%(saturated_owners)s::text[])
+       AND (s.ordering = 'unordered' OR NOT s.active
+            OR NOT EXISTS (SELECT 1 FROM webhooks.deliveries p
+                            WHERE p.subscription_id = d.subscription_id
+                              AND p.status = 'pending' AND p.id < d.id))
+       FOR UPDATE OF d SKIP LOCKED
+), candidates AS (
+    SELECT * FROM fifo
+    UNION ALL
+    SELECT * FROM others
 ), per_subscription AS (
     SELECT c.id, c.created_at, c.subscription_id, c.event_id, c.owner, c.part, c.tid,
            c.next_attempt_at AS due,
@@ -53,6 +77,7 @@ WITH busy AS (
       LEFT JOIN busy b ON b.sid = c.subscription_id
 ), per_owner AS (
     SELECT p.id, p.created_at, p.subscription_id, p.event_id, p.part, p.tid, p.due,
+           row_number() OVER (PARTITION BY p.owner ORDER BY p.due, p.id) AS turn,
            row_number() OVER (PARTITION BY p.owner ORDER BY p.due, p.id)
                + coalesce(o.n, 0) AS slot
       FROM per_subscription p
@@ -65,10 +90,12 @@ WITH busy AS (
            -- During a rotation's overlap the secret before it signs too.
            CASE WHEN s.previous_secret_expires_at > now() THEN s.previous_secret END
                AS previous_secret
+      -- Owners take turns: each one's oldest, then each one's second, and so on (one
+      -- owner alone: oldest first).
       FROM (SELECT id, created_at, subscription_id, event_id, part, tid, due
               FROM per_owner
              WHERE slot <= %(per_owner)s
-             ORDER BY due, id
+             ORDER BY turn, due, id
              LIMIT %(limit)s) c
      CROSS JOIN LATERAL (
         SELECT s.owner, s.active, s.target, s.secret, s.previous_secret,
@@ -97,6 +124,42 @@ UPDATE webhooks.deliveries d
    AND d.tableoid = c.part AND d.ctid = c.tid
 RETURNING d.id, d.attempts, d.subscription_id, c.owner, c.active, c.target, c.secret,
           c.name AS event, c.body, c.due, d.created_at, c.previous_secret
+
+-- name: others_due --
+-- The worker's lane for the queues that the claim's oldest-first scan does not reach: the
+-- claim reads the due index oldest first, so a fresh delivery waited behind every older
+-- due delivery of another owner (200,000 of them: 41 s). Every LANE_EVERY while the
+-- queue is busy, the worker walks the subscriptions that have pending deliveries, in id
+-- order from %(after)s (one probe of the pending index per partition for each; at most
+-- %(steps)s of them), and gives the next claim the first due delivery of each (oldest
+-- first: the subscription's start order). Returns the last subscription walked (where
+-- the next walk starts; 0 when this one reached the end) and the heads' keys.
+WITH RECURSIVE walk (sid, step) AS (
+    (SELECT d.subscription_id, 1 FROM webhooks.deliveries d
+      WHERE d.status = 'pending' AND d.subscription_id > %(after)s
+      ORDER BY d.subscription_id LIMIT 1)
+    UNION ALL
+    SELECT n.sid, w.step + 1
+      FROM walk w
+     CROSS JOIN LATERAL (
+        SELECT d.subscription_id AS sid FROM webhooks.deliveries d
+         WHERE d.status = 'pending' AND d.subscription_id > w.sid
+         ORDER BY d.subscription_id LIMIT 1) n
+     WHERE w.step < %(steps)s
+), heads AS (
+    SELECT h.id, h.created_at
+      FROM walk w
+     CROSS JOIN LATERAL (
+        SELECT d.id, d.created_at FROM webhooks.deliveries d
+         WHERE d.subscription_id = w.sid AND d.status = 'pending'
+           AND d.next_attempt_at <= now()
+         ORDER BY d.id LIMIT 1) h
+     WHERE w.sid <> ALL (%(saturated)s::bigint[])
+)
+SELECT CASE WHEN (SELECT count(*) FROM walk) >= %(steps)s
+            THEN (SELECT max(w.sid) FROM walk w) ELSE 0 END AS last,
+       ARRAY(SELECT h.id FROM heads h) AS ids,
+       ARRAY(SELECT h.created_at FROM heads h) AS created
 
 -- name: next_due --
 -- Seconds until the earliest pending delivery of a subscription and owner not at their

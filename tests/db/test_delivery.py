@@ -12,7 +12,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from service.db import query
 from service.store import Store
-from service.worker.delivery import Claim, Outcome, claim, release
+from service.worker.delivery import Claim, Outcome, claim, claim_params, release
 from service.worker.fanout import drain_outbox
 from service.worker.pruning import prune
 from service.worker.recorder import record
@@ -134,7 +134,8 @@ def test_claim_uses_the_due_index(conn: psycopg.Connection) -> None:
     conn.execute("SET enable_seqscan = off")  # tiny tables: ask whether the index can serve
     params = {"limit": 10, "scan": 100, "per_target": 8, "per_owner": 32, "lease": 60.0,
               "busy_ids": [], "busy_counts": [], "saturated": [], "degraded": [],
-              "owner_names": ["a"], "owner_counts": [1], "saturated_owners": ["b"]}
+              "owner_names": ["a"], "owner_counts": [1], "saturated_owners": ["b"],
+              "extra_ids": [], "extra_created": []}
     with conn.cursor() as cur:
         plan = cur.execute(b"EXPLAIN " + query("claim").encode(), params).fetchall()
     # Each partition's copy of deliveries_due_idx.
@@ -181,3 +182,32 @@ async def test_a_subscription_deleted_while_its_outcome_is_recorded_never_deadlo
     await asyncio.wait_for(recording, 10)  # raises if the record was the one that failed
     assert conn.execute("SELECT count(*) FROM webhooks.deliveries").fetchone() == (0,)
     assert conn.execute("SELECT count(*) FROM webhooks.subscriptions").fetchone() == (0,)
+
+
+async def test_the_lane_walks_the_queues_in_turn_and_gives_each_ones_first_due(
+        pool: AsyncConnectionPool, conn: psycopg.Connection) -> None:
+    sids = sorted(await queue(pool, conn, 3, subscribers=3))
+    heads = {sid: [r[0] for r in conn.execute(
+        "SELECT id FROM webhooks.deliveries WHERE subscription_id = %s ORDER BY id",
+        (sid,))] for sid in sids}
+    # The first queue's first delivery is in flight: its next one is that queue's head.
+    conn.execute("UPDATE webhooks.deliveries SET next_attempt_at = now() + interval '1 min'"
+                 " WHERE id = %s", (heads[sids[0]][0],))
+    store = Store(pool)
+    walk = await store.others_due(after=0, steps=2, saturated=[])
+    assert walk["last"] == sids[1]  # stopped after two: the next walk goes on from there
+    assert walk["ids"] == [heads[sids[0]][1], heads[sids[1]][0]]
+    walk = await store.others_due(after=walk["last"], steps=2, saturated=[])
+    assert walk["last"] == 0 and walk["ids"] == [heads[sids[2]][0]]  # the end: from 0 again
+    # A saturated queue is walked past without a head.
+    walk = await store.others_due(after=0, steps=5, saturated=[sids[1]])
+    assert walk["last"] == 0
+    assert walk["ids"] == [heads[sids[0]][1], heads[sids[2]][0]]
+    # The claim takes what the lane found beside the oldest its scan reaches (one here).
+    oldest = conn.execute("SELECT id FROM webhooks.deliveries WHERE next_attempt_at <= now()"
+                          " ORDER BY next_attempt_at, id LIMIT 1").fetchone()
+    assert oldest is not None
+    params = claim_params(limit=10, per_target=100, busy={}, lease=60.0, scan=1, others=walk)
+    params["scan"] = 1
+    got = await store.claim(Claim, **params)
+    assert sorted(c.id for c in got) == sorted({oldest[0], *walk["ids"]})

@@ -268,7 +268,8 @@ def reads_a_table_whole(plan: str) -> bool:
 
 CLAIM_ALL = {"limit": 100, "scan": 1000, "per_target": 1000, "per_owner": 1000,
              "lease": 60.0, "busy_ids": [], "busy_counts": [], "saturated": [],
-             "degraded": [], "owner_names": [], "owner_counts": [], "saturated_owners": []}
+             "degraded": [], "owner_names": [], "owner_counts": [], "saturated_owners": [],
+             "extra_ids": [], "extra_created": []}
 
 
 def reads_the_newest_days_only(rows: list[tuple[Any, ...]]) -> None:
@@ -317,7 +318,8 @@ def test_claim_list_and_recover_use_their_indexes(seeded: psycopg.Connection) ->
     claim = plan(conn, "claim", {
         "limit": 100, "scan": 1000, "per_target": 8, "per_owner": 32, "lease": 60.0,
         "busy_ids": [], "busy_counts": [], "saturated": [], "degraded": [],
-        "owner_names": [], "owner_counts": [], "saturated_owners": []})
+        "owner_names": [], "owner_counts": [], "saturated_owners": [],
+        "extra_ids": [], "extra_created": []})
     assert "due_idx" in claim or "next_attempt_at_id_idx" in claim, claim
     assert not reads_a_table_whole(claim), claim
     sid = conn.execute("SELECT min(id) FROM webhooks.subscriptions").fetchone()
@@ -451,7 +453,8 @@ def test_record_touches_only_the_batch_whatever_the_statistics(
 CLAIM_PARAMS: dict[str, Any] = {
     "limit": 64, "scan": 100, "per_target": 64, "per_owner": 2**31 - 1, "lease": 60.0,
     "busy_ids": "{}", "busy_counts": "{}", "saturated": "{}", "degraded": "{}",
-    "owner_names": "{}", "owner_counts": "{}", "saturated_owners": "{}"}
+    "owner_names": "{}", "owner_counts": "{}", "saturated_owners": "{}",
+    "extra_ids": "{}", "extra_created": "{}"}
 
 
 def prepare(conn: psycopg.Connection, name: str, params: dict[str, Any]) -> str:
