@@ -7,7 +7,10 @@ until its first trouble, then by about one per window of fast answers), stops gr
 while answers slow down, and halves on trouble (no answer: a timeout or a connection
 error, 429, 5xx). It never exceeds `per_target` (WEBHOOKS_PER_TARGET_CONCURRENCY). A
 degraded subscription (its target did not answer, or answered 429 or 5xx, or an attempt
-of it has been in flight too long) holds one slot until it succeeds again.
+of it has been in flight too long: past `slow_after`, or SLOW_FACTOR times its target's
+fastest recent answer when that is longer) holds one slot until it succeeds again, and
+an owner's degraded subscriptions start attempts while those hold less than half of its
+cap. A target slower than the slow mark but steady grows its window slowly.
 
 No owner holds more than `per_owner` slots while another owner has work in flight (or had
 recently); an owner alone that has had a fast 2xx answer in the last minute may borrow
@@ -41,6 +44,11 @@ INITIAL_WINDOW = 2
 # recently answered, plus FAST_SLACK_MS, and less than half of the slow mark.
 FAST_FACTOR = 2.0
 FAST_SLACK_MS = 5.0
+# An attempt in flight longer than `slow_after`, or than SLOW_FACTOR times the fastest its
+# target has recently answered when that is longer, marks the subscription degraded: a
+# target that always takes 1.5 s to answer 2xx is slow, not hanging, and was held to one
+# request at a time (0.67 deliveries/s: two hours for 5,000).
+SLOW_FACTOR = 4.0
 # A window (and an owner's record of fast answers) unused this long is forgotten.
 FORGET_AFTER = 60.0
 # How many claims may be held per slot a subscription, an owner or the worker may send
@@ -79,6 +87,11 @@ class Window:
         """One fast 2xx answer while the window was in use."""
         step = 1.0 if self.size < self.threshold else 1.0 / self.size
         self.size = min(float(maximum), self.size + step)
+
+    def grow_slowly(self, maximum: int) -> None:
+        """One 2xx answer, quick for its target but not fast (over half the slow mark):
+        growth by about one per window of such answers."""
+        self.size = min(float(maximum), self.size + 1.0 / self.size)
 
     def shrink(self) -> None:
         """Trouble: half the window, and growth by one per window from there."""
@@ -125,6 +138,10 @@ class Slots:
         self.sending_total = 0
         self.started: dict[int, float] = {}  # delivery id -> when its attempt started
         self.degraded: set[int] = set()  # subscriptions held to one attempt in flight
+        # Attempts started while their subscription was degraded, and their count per
+        # owner (ready(): they hold at most half of an owner's cap).
+        self.started_degraded: set[int] = set()
+        self.degraded_owners: dict[str, int] = {}
         self.windows: dict[int, Window] = {}
         # The subscriptions whose window is not the initial one: the claim's shifted
         # counts need only these and the busy ones (not every window of thousands).
@@ -173,9 +190,17 @@ class Slots:
             owner_sending = self.sending_owners.get(owner, 0)
             if owner_sending >= owner_cap:
                 continue
+            # Degraded subscriptions (one attempt each) start attempts while those started
+            # so hold less than half of the owner's cap: its many hanging targets then
+            # leave the other half to its healthy ones, which waited for the hanging
+            # attempts' timeouts before (20 changes 67-106 s late beside 200 of them).
+            degraded_cap = max(1, owner_cap // 2)
             emptied: list[int] = []
             for sid, queue in subs.items():
                 cap = self.cap(sid)
+                degraded = sid in self.degraded
+                if degraded and self.degraded_owners.get(owner, 0) >= degraded_cap:
+                    continue
                 sending = self.sending.get(sid, 0)
                 while queue and sending < cap and owner_sending < owner_cap:
                     claim = queue.popleft()
@@ -183,6 +208,9 @@ class Slots:
                     owner_sending += 1
                     self.sending_total += 1
                     self.started[claim.id] = now
+                    if degraded:
+                        self.started_degraded.add(claim.id)
+                        self.degraded_owners[owner] = self.degraded_owners.get(owner, 0) + 1
                     out.append(claim)
                     if self.sending_total >= self.concurrency:
                         break
@@ -235,6 +263,9 @@ class Slots:
             _decrement(self.sending, sid)
             _decrement(self.sending_owners, claim.owner)
             self.sending_total -= 1
+        if claim.id in self.started_degraded:
+            self.started_degraded.discard(claim.id)
+            _decrement(self.degraded_owners, claim.owner)
 
     def answered(self, subscription_id: int, status: int, duration_ms: float | None = None,
                  owner: str | None = None) -> None:
@@ -246,20 +277,36 @@ class Slots:
             self.degraded.discard(subscription_id)
             if duration_ms is None:
                 return
+            slow_ms = self._slow_after(subscription_id) * 1000.0
             window = self._window(subscription_id)
-            if window.fast(duration_ms, self.slow_after * 1000.0):
-                if owner is not None:
+            if window.fast(duration_ms, slow_ms):
+                # A quick answer for a target slower than the slow mark (SLOW_FACTOR) grows
+                # its window by about one per window of answers, never as a fast one does,
+                # and does not make its owner one that may borrow beyond its share.
+                fast = duration_ms < self.slow_after * 500.0
+                if owner is not None and fast:
                     self.fast_owners[owner] = self._now
                 # Grown only while more than half of it is in use: a window a trickle
                 # never fills stays put.
                 if 2 * self.sending.get(subscription_id, 0) > int(window.size):
-                    window.grow(self.per_target)
+                    if fast:
+                        window.grow(self.per_target)
+                    else:
+                        window.grow_slowly(self.per_target)
                     self._note_size(subscription_id, window)
         elif answer.struggling:
             self.degraded.add(subscription_id)
             window = self._window(subscription_id)
             window.shrink()
             self._note_size(subscription_id, window)
+
+    def _slow_after(self, subscription_id: int) -> float:
+        """How long an attempt of the subscription may be in flight before it counts as
+        slow: `slow_after`, or SLOW_FACTOR times its target's fastest recent answer."""
+        window = self.windows.get(subscription_id)
+        if window is None or window.base_ms == float("inf"):
+            return self.slow_after
+        return max(self.slow_after, SLOW_FACTOR * window.base_ms / 1000.0)
 
     def _note_size(self, subscription_id: int, window: Window) -> None:
         if int(window.size) == self.initial:
@@ -276,7 +323,8 @@ class Slots:
         return window
 
     def mark_slow(self, now: float) -> None:
-        """Degrades subscriptions with an attempt in flight for longer than `slow_after`:
+        """Degrades subscriptions with an attempt in flight for longer than `slow_after` (or
+        SLOW_FACTOR times their target's fastest recent answer, when that is longer):
         a hanging target is noticed well before its attempts time out. Also forgets the
         windows of subscriptions idle for FORGET_AFTER."""
         self._now = now
@@ -285,7 +333,8 @@ class Slots:
                 continue
             held = self.inflight.get(delivery_id)
             sid = held[0].subscription_id if held is not None else None
-            if sid is not None and sid not in self.degraded:
+            if (sid is not None and sid not in self.degraded
+                    and now - started > self._slow_after(sid)):
                 self.degraded.add(sid)
                 window = self._window(sid)
                 window.shrink()

@@ -8,7 +8,7 @@ import pytest
 
 from service.outcomes import Answer, classify
 from service.worker.delivery import Claim, saturated, saturated_owners
-from service.worker.slots import AHEAD, INITIAL_WINDOW, Slots
+from service.worker.slots import AHEAD, INITIAL_WINDOW, SLOW_FACTOR, Slots
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 _ids = iter(range(1, 10_000))
@@ -279,3 +279,56 @@ def test_the_worker_holds_ahead_of_its_slots() -> None:
     assert len(s.ready(0.0)) == 4 and s.wanted() == 0
     assert len(s.leftover()) == AHEAD * 4  # shutdown gives back the sent and the waiting
     assert s.inflight == {} and s.waiting == {}
+
+
+def test_a_target_slow_but_answering_is_not_held_to_one_request() -> None:
+    """A target that always answers 2xx in 1.5 s (over `slow_after`) is slow, not hanging:
+    its attempts count as slow past SLOW_FACTOR times its answers, and its window grows."""
+    s = slots(concurrency=16, per_target=8, slow_after=1.0)
+    c = claim(1)
+    send(s, c, 0.0)
+    s.mark_slow(1.2)  # nothing known of the target yet: degraded past slow_after
+    assert s.degraded == {1}
+    s.answered(1, 200, duration_ms=1500.0)
+    s.handed_over(c)
+    s.free(c)
+    assert s.degraded == set()
+    now = 2.0
+    for _ in range(6):
+        batch = [claim(1) for _ in range(s.cap(1))]
+        for b in batch:
+            send(s, b, now)
+        s.mark_slow(now + 1.2)
+        assert s.degraded == set()  # under SLOW_FACTOR times its 1.5 s
+        for b in batch:
+            s.answered(1, 200, duration_ms=1500.0)
+            s.handed_over(b)
+            s.free(b)
+        now += 1.5
+    assert s.cap(1) > 2
+    # Far past its usual answer, an attempt is slow again.
+    hung = claim(1)
+    send(s, hung, now)
+    s.mark_slow(now + SLOW_FACTOR * 1.5 + 0.1)
+    assert s.degraded == {1}
+
+
+def test_an_owners_degraded_targets_leave_half_of_its_cap_to_its_healthy_ones() -> None:
+    s = slots(concurrency=16, per_target=8, per_owner=8)
+    for sid in range(1, 11):
+        s.answered(sid, 503)  # ten failing targets of one owner
+    assert s.degraded == set(range(1, 11))
+    failing = [claim(sid) for sid in range(1, 11)]
+    healthy = [claim(20) for _ in range(8)]
+    for c in [*failing, *healthy]:
+        s.take(c, 0.0)
+    started = s.ready(0.0)
+    # Before, the ten failing targets came first and took the owner's eight slots.
+    assert sum(c.subscription_id != 20 for c in started) == 4
+    assert sum(c.subscription_id == 20 for c in started) == s.cap(20) == 2
+    # A failing attempt over, another failing target may start; healthy ones keep theirs.
+    done = next(c for c in started if c.subscription_id != 20)
+    s.handed_over(done)
+    s.free(done)
+    (again,) = s.ready(0.1)
+    assert again.subscription_id != 20
