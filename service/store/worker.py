@@ -66,12 +66,13 @@ class WorkerQueries(AsyncQueries):
             "extra_ids": extra_ids, "extra_created": extra_created},
             row=class_row(into))
 
-    async def others_due(self, *, after: int, steps: int, saturated: list[int]
-                         ) -> OthersDue:
-        """The first due delivery of each subscription with pending deliveries, walked in
-        id order from `after` (at most `steps`), for the next claim."""
-        row = await self._one("others_due", {"after": after, "steps": steps,
-                                             "saturated": saturated})
+    async def others_due(self, *, after: int, steps: int, take: int, saturated: list[int],
+                         busy: list[int]) -> OthersDue:
+        """The first due delivery of subscriptions with pending deliveries, walked in id
+        order from `after` (at most `steps`), not `busy` nor `saturated`, at most `take`
+        (one per owner first), for the next claim."""
+        row = await self._one("others_due", {"after": after, "steps": steps, "take": take,
+                                             "saturated": saturated, "busy": busy})
         assert row is not None
         return {"last": row["last"], "ids": list(row["ids"]),
                 "created": list(row["created"])}

@@ -38,7 +38,7 @@ from service.worker.lifecycle import interval as lifecycle_interval
 from service.worker.lifecycle import run_round as lifecycle_round
 from service.worker.listener import Listener
 from service.worker.metrics import WorkerMetrics, WorkerStats
-from service.worker.pacing import LANE_STEPS, MIN_WAIT, Pacing
+from service.worker.pacing import LANE_STEPS, LANE_TAKE, MIN_WAIT, Pacing
 from service.worker.pruning import prune_loop
 from service.worker.recorder import Recorder
 from service.worker.slots import Slots
@@ -256,9 +256,17 @@ class Worker:
         if not self.pacing.lane_due(now):
             return None
         self.stats.round_trips += 1
-        others = await self.queue.others_due(after=self.pacing.lane_after, steps=LANE_STEPS,
-                                             saturated=self.slots.saturated())
-        self.pacing.lane_ran(others["last"], now)
+        try:
+            others = await self.queue.others_due(
+                after=self.pacing.lane_after, steps=LANE_STEPS, take=LANE_TAKE,
+                saturated=self.slots.saturated(), busy=list(self.slots.busy))
+        except StoreRejected as exc:
+            # The lane only helps the claim: a walk the database refuses (a statement
+            # timeout on a huge queue, say) leaves the claim to run without it.
+            log.warning("the walk of other queues failed; claiming without it: %s", exc)
+            self.pacing.lane_ran(0, now, asyncio.get_running_loop().time())
+            return None
+        self.pacing.lane_ran(others["last"], now, asyncio.get_running_loop().time())
         return others
 
     async def _close_inactive(self, rows: list[Claim]) -> None:

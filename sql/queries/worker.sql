@@ -24,7 +24,7 @@ WITH busy AS (
       FROM unnest(%(owner_names)s::text[], %(owner_counts)s::int[]) AS b (owner, n)
 ), fifo AS (
     SELECT d.id, d.created_at, d.subscription_id, d.event_id, s.owner, d.next_attempt_at,
-           d.tableoid AS part, d.ctid AS tid
+           d.tableoid AS part, d.ctid AS tid, false AS lane
       FROM webhooks.deliveries d
       JOIN webhooks.subscriptions s ON s.id = d.subscription_id
      WHERE d.status = 'pending'
@@ -49,7 +49,7 @@ WITH busy AS (
     -- it ran before this claim: the oldest first would leave them behind a long queue of
     -- other subscriptions. Checked again here as the oldest are.
     SELECT d.id, d.created_at, d.subscription_id, d.event_id, s.owner, d.next_attempt_at,
-           d.tableoid AS part, d.ctid AS tid
+           d.tableoid AS part, d.ctid AS tid, true AS lane
       FROM webhooks.deliveries d
       JOIN webhooks.subscriptions s ON s.id = d.subscription_id
      WHERE d.id = ANY (%(extra_ids)s::bigint[])
@@ -70,14 +70,13 @@ WITH busy AS (
     SELECT * FROM others
 ), per_subscription AS (
     SELECT c.id, c.created_at, c.subscription_id, c.event_id, c.owner, c.part, c.tid,
-           c.next_attempt_at AS due,
+           c.lane, c.next_attempt_at AS due,
            row_number() OVER (PARTITION BY c.subscription_id
                               ORDER BY c.next_attempt_at, c.id) + coalesce(b.n, 0) AS slot
       FROM candidates c
       LEFT JOIN busy b ON b.sid = c.subscription_id
 ), per_owner AS (
-    SELECT p.id, p.created_at, p.subscription_id, p.event_id, p.part, p.tid, p.due,
-           row_number() OVER (PARTITION BY p.owner ORDER BY p.due, p.id) AS turn,
+    SELECT p.id, p.created_at, p.subscription_id, p.event_id, p.part, p.tid, p.due, p.lane,
            row_number() OVER (PARTITION BY p.owner ORDER BY p.due, p.id)
                + coalesce(o.n, 0) AS slot
       FROM per_subscription p
@@ -90,12 +89,12 @@ WITH busy AS (
            -- During a rotation's overlap the secret before it signs too.
            CASE WHEN s.previous_secret_expires_at > now() THEN s.previous_secret END
                AS previous_secret
-      -- Owners take turns: each one's oldest, then each one's second, and so on (one
-      -- owner alone: oldest first).
+      -- What the lane found first (a few heads of queues the oldest-first scan does not
+      -- reach), then the oldest.
       FROM (SELECT id, created_at, subscription_id, event_id, part, tid, due
               FROM per_owner
              WHERE slot <= %(per_owner)s
-             ORDER BY turn, due, id
+             ORDER BY lane DESC, due, id
              LIMIT %(limit)s) c
      CROSS JOIN LATERAL (
         SELECT s.owner, s.active, s.target, s.secret, s.previous_secret,
@@ -130,36 +129,57 @@ RETURNING d.id, d.attempts, d.subscription_id, c.owner, c.active, c.target, c.se
 -- claim reads the due index oldest first, so a fresh delivery waited behind every older
 -- due delivery of another owner (200,000 of them: 41 s). Every LANE_EVERY while the
 -- queue is busy, the worker walks the subscriptions that have pending deliveries, in id
--- order from %(after)s (one probe of the pending index per partition for each; at most
--- %(steps)s of them), and gives the next claim the first due delivery of each (oldest
--- first: the subscription's start order). Returns the last subscription walked (where
+-- order from %(after)s (one probe of the pending index per partition for each, which
+-- finds its oldest pending delivery too; at most %(steps)s of them), and gives the next
+-- claim the first due delivery (oldest first: the subscription's start order) of those
+-- it is not sending already (%(busy)s), %(take)s at most. Returns the last subscription walked (where
 -- the next walk starts; 0 when this one reached the end) and the heads' keys.
-WITH RECURSIVE walk (sid, step) AS (
-    (SELECT d.subscription_id, 1 FROM webhooks.deliveries d
+WITH RECURSIVE walk (sid, id, created_at, due, step) AS (
+    -- Each step reads the first entry of the pending index after the last subscription:
+    -- the next subscription and its oldest pending delivery, which is its head when due.
+    (SELECT d.subscription_id, d.id, d.created_at, d.next_attempt_at <= now(), 1
+       FROM webhooks.deliveries d
       WHERE d.status = 'pending' AND d.subscription_id > %(after)s
-      ORDER BY d.subscription_id LIMIT 1)
+      ORDER BY d.subscription_id, d.id LIMIT 1)
     UNION ALL
-    SELECT n.sid, w.step + 1
+    SELECT n.subscription_id, n.id, n.created_at, n.next_attempt_at <= now(), w.step + 1
       FROM walk w
      CROSS JOIN LATERAL (
-        SELECT d.subscription_id AS sid FROM webhooks.deliveries d
+        SELECT d.subscription_id, d.id, d.created_at, d.next_attempt_at
+          FROM webhooks.deliveries d
          WHERE d.status = 'pending' AND d.subscription_id > w.sid
-         ORDER BY d.subscription_id LIMIT 1) n
+         ORDER BY d.subscription_id, d.id LIMIT 1) n
      WHERE w.step < %(steps)s
 ), heads AS (
-    SELECT h.id, h.created_at
+    SELECT w.sid, w.id, w.created_at
+      FROM walk w
+     WHERE w.due AND w.sid <> ALL (%(saturated)s::bigint[])
+    UNION ALL
+    -- The oldest is in flight or waits for a retry: the first due one after it.
+    SELECT w.sid, h.id, h.created_at
       FROM walk w
      CROSS JOIN LATERAL (
         SELECT d.id, d.created_at FROM webhooks.deliveries d
          WHERE d.subscription_id = w.sid AND d.status = 'pending'
            AND d.next_attempt_at <= now()
          ORDER BY d.id LIMIT 1) h
-     WHERE w.sid <> ALL (%(saturated)s::bigint[])
+     WHERE NOT w.due AND w.sid <> ALL (%(saturated)s::bigint[])
+), taken AS MATERIALIZED (
+    -- At most %(take)s heads, one per owner first (the claim locks each one it is given;
+    -- a walk over 256 subscriptions of a few owners gives each of them a turn).
+    SELECT h.sid, h.id, h.created_at
+      FROM (SELECT h.sid, h.id, h.created_at,
+                   row_number() OVER (PARTITION BY s.owner ORDER BY h.sid) AS turn
+              FROM heads h
+              JOIN webhooks.subscriptions s ON s.id = h.sid
+             WHERE h.sid <> ALL (%(busy)s::bigint[])) h
+     ORDER BY h.turn, h.sid
+     LIMIT %(take)s
 )
 SELECT CASE WHEN (SELECT count(*) FROM walk) >= %(steps)s
             THEN (SELECT max(w.sid) FROM walk w) ELSE 0 END AS last,
-       ARRAY(SELECT h.id FROM heads h) AS ids,
-       ARRAY(SELECT h.created_at FROM heads h) AS created
+       ARRAY(SELECT t.id FROM taken t ORDER BY t.sid) AS ids,
+       ARRAY(SELECT t.created_at FROM taken t ORDER BY t.sid) AS created
 
 -- name: next_due --
 -- Seconds until the earliest pending delivery of a subscription and owner not at their

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from service.worker.delivery import Claim
-from service.worker.pacing import LANE_EVERY, Pacing
+from service.worker.pacing import LANE_EVERY, LANE_SPACING, Pacing
 from service.worker.slots import Slots
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -28,12 +28,16 @@ def test_the_lane_runs_only_while_claims_find_work_and_at_most_every_lane_every(
     assert not p.lane_due(100.0)  # nothing claimed yet: an idle queue walks nothing
     p.claimed([claim(1)], 4, 100.0)
     assert p.lane_due(100.0)
-    p.lane_ran(42, 100.0)
+    p.lane_ran(42, 100.0, 100.001)
     assert p.lane_after == 42
     assert not p.lane_due(100.0 + LANE_EVERY / 2)
     assert p.lane_due(100.0 + LANE_EVERY)
-    p.claimed([], 4, 100.0 + LANE_EVERY)  # the queue drained
-    assert not p.lane_due(100.0 + 10 * LANE_EVERY)
+    # A walk that took 20 ms: the next one waits LANE_SPACING times as long.
+    p.lane_ran(0, 200.0, 200.02)
+    assert not p.lane_due(200.0 + LANE_SPACING * 0.02 - 0.01)
+    assert p.lane_due(200.0 + LANE_SPACING * 0.02 + 0.001)
+    p.claimed([], 4, 300.0)  # the queue drained
+    assert not p.lane_due(400.0)
 
 
 def test_the_claim_gets_what_the_lane_found() -> None:
