@@ -66,13 +66,13 @@ class WorkerQueries(AsyncQueries):
             "extra_ids": extra_ids, "extra_created": extra_created},
             row=class_row(into))
 
-    async def others_due(self, *, after: int, steps: int, take: int, saturated: list[int],
-                         busy: list[int]) -> OthersDue:
+    async def others_due(self, *, after: int, steps: int, take: int, busy: list[int]
+                         ) -> OthersDue:
         """The first due delivery of subscriptions with pending deliveries, walked in id
-        order from `after` (at most `steps`), not `busy` nor `saturated`, at most `take`
-        (one per owner first), for the next claim."""
+        order from `after` (at most `steps`), but for the `busy` ones (those this worker
+        holds claims of), at most `take` (one per owner first), for the next claim."""
         row = await self._one("others_due", {"after": after, "steps": steps, "take": take,
-                                             "saturated": saturated, "busy": busy})
+                                             "busy": busy})
         assert row is not None
         return {"last": row["last"], "ids": list(row["ids"]),
                 "created": list(row["created"])}

@@ -259,7 +259,7 @@ class Worker:
         try:
             others = await self.queue.others_due(
                 after=self.pacing.lane_after, steps=LANE_STEPS, take=LANE_TAKE,
-                saturated=self.slots.saturated(), busy=list(self.slots.busy))
+                busy=list(self.slots.busy))
         except StoreRejected as exc:
             # The lane only helps the claim: a walk the database refuses (a statement
             # timeout on a huge queue, say) leaves the claim to run without it.

@@ -132,8 +132,9 @@ RETURNING d.id, d.attempts, d.subscription_id, c.owner, c.active, c.target, c.se
 -- order from %(after)s (one probe of the pending index per partition for each, which
 -- finds its oldest pending delivery too; at most %(steps)s of them), and gives the next
 -- claim the first due delivery (oldest first: the subscription's start order) of those
--- it is not sending already (%(busy)s), %(take)s at most. Returns the last subscription walked (where
--- the next walk starts; 0 when this one reached the end) and the heads' keys.
+-- it is not sending already (%(busy)s), %(take)s at most. Returns the last subscription
+-- walked (where the next walk starts; 0 when this one reached the end) and the heads'
+-- keys.
 WITH RECURSIVE walk (sid, id, created_at, due, step) AS (
     -- Each step reads the first entry of the pending index after the last subscription:
     -- the next subscription and its oldest pending delivery, which is its head when due.
@@ -151,9 +152,11 @@ WITH RECURSIVE walk (sid, id, created_at, due, step) AS (
          ORDER BY d.subscription_id, d.id LIMIT 1) n
      WHERE w.step < %(steps)s
 ), heads AS (
+    -- The subscriptions this worker is sending already (the saturated ones among them)
+    -- are left to it: no head, no probe.
     SELECT w.sid, w.id, w.created_at
       FROM walk w
-     WHERE w.due AND w.sid <> ALL (%(saturated)s::bigint[])
+     WHERE w.due AND w.sid <> ALL (%(busy)s::bigint[])
     UNION ALL
     -- The oldest is in flight or waits for a retry: the first due one after it.
     SELECT w.sid, h.id, h.created_at
@@ -163,7 +166,7 @@ WITH RECURSIVE walk (sid, id, created_at, due, step) AS (
          WHERE d.subscription_id = w.sid AND d.status = 'pending'
            AND d.next_attempt_at <= now()
          ORDER BY d.id LIMIT 1) h
-     WHERE NOT w.due AND w.sid <> ALL (%(saturated)s::bigint[])
+     WHERE NOT w.due AND w.sid <> ALL (%(busy)s::bigint[])
 ), taken AS MATERIALIZED (
     -- At most %(take)s heads, one per owner first (the claim locks each one it is given;
     -- a walk over 256 subscriptions of a few owners gives each of them a turn).
@@ -171,8 +174,7 @@ WITH RECURSIVE walk (sid, id, created_at, due, step) AS (
       FROM (SELECT h.sid, h.id, h.created_at,
                    row_number() OVER (PARTITION BY s.owner ORDER BY h.sid) AS turn
               FROM heads h
-              JOIN webhooks.subscriptions s ON s.id = h.sid
-             WHERE h.sid <> ALL (%(busy)s::bigint[])) h
+              JOIN webhooks.subscriptions s ON s.id = h.sid) h
      ORDER BY h.turn, h.sid
      LIMIT %(take)s
 )

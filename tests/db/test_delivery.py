@@ -194,19 +194,18 @@ async def test_the_lane_walks_the_queues_in_turn_and_gives_each_ones_first_due(
     conn.execute("UPDATE webhooks.deliveries SET next_attempt_at = now() + interval '1 min'"
                  " WHERE id = %s", (heads[sids[0]][0],))
     store = Store(pool)
-    walk = await store.others_due(after=0, steps=2, take=10, saturated=[], busy=[])
+    walk = await store.others_due(after=0, steps=2, take=10, busy=[])
     assert walk["last"] == sids[1]  # stopped after two: the next walk goes on from there
     assert walk["ids"] == [heads[sids[0]][1], heads[sids[1]][0]]
-    walk = await store.others_due(after=walk["last"], steps=2, take=10, saturated=[],
-                                  busy=[])
+    walk = await store.others_due(after=walk["last"], steps=2, take=10, busy=[])
     assert walk["last"] == 0 and walk["ids"] == [heads[sids[2]][0]]  # the end: from 0 again
     # Queues this worker is sending already are left to it; at most `take` heads.
-    walk = await store.others_due(after=0, steps=5, take=10, saturated=[], busy=[sids[0]])
+    walk = await store.others_due(after=0, steps=5, take=10, busy=[sids[0]])
     assert walk["ids"] == [heads[sids[1]][0], heads[sids[2]][0]]
-    walk = await store.others_due(after=0, steps=5, take=1, saturated=[], busy=[])
+    walk = await store.others_due(after=0, steps=5, take=1, busy=[])
     assert walk["ids"] == [heads[sids[0]][1]]
-    # A saturated queue is walked past without a head.
-    walk = await store.others_due(after=0, steps=5, take=10, saturated=[sids[1]], busy=[])
+    # The same when its oldest is due (above it was not): walked past, no head.
+    walk = await store.others_due(after=0, steps=5, take=10, busy=[sids[1]])
     assert walk["last"] == 0
     assert walk["ids"] == [heads[sids[0]][1], heads[sids[2]][0]]
     # The claim takes what the lane found beside the oldest its scan reaches (one here).
