@@ -21,12 +21,14 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
+from psycopg_pool import AsyncConnectionPool
 from pytest_postgresql.janitor import DatabaseJanitor
 
 from service import db
 from tests.support.api import Api, api_for
 from tests.support.browser import browser  # noqa: F401  (a fixture for the browser tests)
 from tests.support.receivers import Receiver
+from tests.support.worker import open_pool
 
 SERVER_URL = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -125,6 +127,14 @@ def conn(db_url: str) -> Iterator[psycopg.Connection]:
     """An autocommit connection to the test's database."""
     with psycopg.connect(db_url, autocommit=True) as connection:
         yield connection
+
+
+@pytest.fixture
+async def pool(db_url: str) -> AsyncIterator[AsyncConnectionPool]:
+    """A connection pool on the test's database with the service's session settings (a
+    test module that wants another size defines its own `pool`)."""
+    async with open_pool(db_url) as p:
+        yield p
 
 
 @pytest.fixture

@@ -5,25 +5,16 @@ attempt, so another owner's fresh delivery is claimed next."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import psycopg
-import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from service.store import Store
 from service.worker.fanout import drain_outbox
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe
-from tests.support.worker import add_invoice, open_pool, running_worker
+from tests.support.worker import add_invoice, running_worker
 
 QUEUED = 3_000
-
-
-@pytest.fixture
-async def pool(db_url: str) -> AsyncIterator[AsyncConnectionPool]:
-    async with open_pool(db_url) as p:
-        yield p
 
 
 async def test_an_inactive_subscriptions_queue_is_closed_at_once(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
@@ -15,13 +14,7 @@ from service.worker.delivery import claim
 from service.worker.fanout import drain_outbox
 from tests.support.receivers import Receiver, hanging_receiver
 from tests.support.subscriptions import subscribe
-from tests.support.worker import add_invoice, open_pool, poll, running_worker
-
-
-@pytest.fixture
-async def pool(db_url: str) -> AsyncIterator[AsyncConnectionPool]:
-    async with open_pool(db_url) as p:
-        yield p
+from tests.support.worker import add_invoice, poll, running_worker
 
 
 async def test_claims_hold_the_per_owner_cap(pool: AsyncConnectionPool,
