@@ -35,16 +35,19 @@ class ClaimParams(LeaseParams):
 
     limit: int
     scan: int
-    # Heads of other queues found by the worker's lane (others_due), as (id, created_at).
-    extra_ids: list[int]
-    extra_created: list[datetime]
+    # The queues the worker's lane keeps (others_due), and the day of each one's first
+    # due delivery when the lane found it.
+    lane_sids: list[int]
+    lane_since: list[datetime]
 
 
 class OthersDue(TypedDict):
-    """What the lane for other queues found (others_due in sql/queries/worker.sql)."""
+    """What the lane for other queues found (others_due in sql/queries/worker.sql): the
+    subscriptions with due deliveries, their owners and their first due one's day."""
 
     last: int
-    ids: list[int]
+    sids: list[int]
+    owners: list[str]
     created: list[datetime]
 
 
@@ -55,27 +58,28 @@ class WorkerQueries(AsyncQueries):
                     per_owner: int, lease: float, busy_ids: list[int],
                     busy_counts: list[int], saturated: list[int], degraded: list[int],
                     owner_names: list[str], owner_counts: list[int],
-                    saturated_owners: list[str], extra_ids: list[int],
-                    extra_created: list[datetime]) -> list[Claimed]:
+                    saturated_owners: list[str], lane_sids: list[int],
+                    lane_since: list[datetime]) -> list[Claimed]:
         """Leases up to `limit` due deliveries below their caps, as `into` (unordered)."""
         return await self._all("claim", {
             "limit": limit, "scan": scan, "per_target": per_target, "per_owner": per_owner,
             "lease": lease, "busy_ids": busy_ids, "busy_counts": busy_counts,
             "saturated": saturated, "degraded": degraded, "owner_names": owner_names,
             "owner_counts": owner_counts, "saturated_owners": saturated_owners,
-            "extra_ids": extra_ids, "extra_created": extra_created},
+            "lane_sids": lane_sids, "lane_since": lane_since},
             row=class_row(into))
 
     async def others_due(self, *, after: int, steps: int, take: int, busy: list[int]
                          ) -> OthersDue:
-        """The first due delivery of subscriptions with pending deliveries, walked in id
-        order from `after` (at most `steps`), but for the `busy` ones (those this worker
-        holds claims of), at most `take` (one per owner first), for the next claim."""
+        """The subscriptions with a due delivery among those with pending deliveries,
+        walked in id order from `after` (at most `steps`), but for the `busy` ones (those
+        this worker holds claims of), at most `take` (one per owner first), for the
+        claims to take from beside the oldest."""
         row = await self._one("others_due", {"after": after, "steps": steps, "take": take,
                                              "busy": busy})
         assert row is not None
-        return {"last": row["last"], "ids": list(row["ids"]),
-                "created": list(row["created"])}
+        return {"last": row["last"], "sids": list(row["sids"]),
+                "owners": list(row["owners"]), "created": list(row["created"])}
 
     async def next_due(self, *, saturated: list[int], saturated_owners: list[str]
                        ) -> float | None:

@@ -23,7 +23,7 @@ from service.logs import redact
 from service.outcomes import Answer, classify
 from service.ssrf import TargetRejected
 from service.store import Store
-from service.store.worker import ClaimParams, OthersDue
+from service.store.worker import ClaimParams
 from service.worker.retry import next_delay
 from service.worker.signing import message_id, signed_headers
 
@@ -140,13 +140,14 @@ def saturated_owners(busy_owners: Mapping[str, int], per_owner: int | None) -> l
 def claim_params(*, limit: int, per_target: int, busy: Mapping[int, int], lease: float,
                  scan: int, degraded: Collection[int] = (), per_owner: int | None = None,
                  busy_owners: Mapping[str, int] | None = None,
-                 others: OthersDue | None = None) -> ClaimParams:
-    """The parameters of the claim query (see claim()); `others`: what the lane for other
-    queues found (others_due), claimed beside the oldest."""
+                 lane: Mapping[int, datetime] | None = None) -> ClaimParams:
+    """The parameters of the claim query (see claim()); `lane`: the queues the lane for
+    other queues keeps (others_due), each with the day its probe starts at, claimed from
+    beside the oldest."""
     owners = busy_owners or {}
     return {
-        "extra_ids": others["ids"] if others else [],
-        "extra_created": others["created"] if others else [],
+        "lane_sids": list(lane or {}),
+        "lane_since": list((lane or {}).values()),
         "limit": limit,
         "scan": max(scan, limit),
         "per_target": per_target,

@@ -71,7 +71,7 @@ class FanoutSize:
 NO_LEASE: ClaimParams = {
     "limit": 0, "scan": 0, "per_target": 0, "per_owner": 0, "lease": 0.0, "busy_ids": [],
     "busy_counts": [], "saturated": [], "degraded": [], "owner_names": [],
-    "owner_counts": [], "saturated_owners": [], "extra_ids": [], "extra_created": []}
+    "owner_counts": [], "saturated_owners": [], "lane_sids": [], "lane_since": []}
 
 
 def fanout_params(limit: int, max_row_bytes: int, careful: bool = False,

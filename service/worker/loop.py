@@ -28,7 +28,6 @@ from service.availability import wait_for_database
 from service.config import Settings
 from service.curl import CurlClient
 from service.store import QUEUE_SETTINGS, Store, StoreError, StoreRejected, make_pool
-from service.store.worker import OthersDue
 from service.worker import delivery
 from service.worker.attempts import Attempts
 from service.worker.backfill import backfill_loop
@@ -242,19 +241,20 @@ class Worker:
             # Finishing attempts wake us; then claim.
             self.pacing.ask()
             return self.settings.poll_interval
-        others = await self._others(now)
+        await self._others(now)
         self.stats.round_trips += 1
-        rows = await self.queue.claim(Claim, **self.pacing.claim_params(wanted, others))
+        rows = await self.queue.claim(Claim, **self.pacing.claim_params(wanted))
         claims = delivery.in_start_order(rows)
         self._attempts.start(claims)
         await self._close_inactive(rows)
         return await self._paced(claims, wanted, now, until_fanout)
 
-    async def _others(self, now: float) -> OthersDue | None:
-        """The first due delivery of other queues, for the next claim, when the lane is due
-        (Pacing.lane_due; others_due in sql/queries/worker.sql)."""
+    async def _others(self, now: float) -> None:
+        """Looks for other queues with due deliveries, for the claims to take from beside
+        the oldest, when the lane is due (Pacing.lane_due, Lane; others_due in
+        sql/queries/worker.sql)."""
         if not self.pacing.lane_due(now):
-            return None
+            return
         self.stats.round_trips += 1
         try:
             others = await self.queue.others_due(
@@ -264,10 +264,9 @@ class Worker:
             # The lane only helps the claim: a walk the database refuses (a statement
             # timeout on a huge queue, say) leaves the claim to run without it.
             log.warning("the walk of other queues failed; claiming without it: %s", exc)
-            self.pacing.lane_ran(0, now, asyncio.get_running_loop().time())
-            return None
-        self.pacing.lane_ran(others["last"], now, asyncio.get_running_loop().time())
-        return others
+            self.pacing.lane_ran(None, now, asyncio.get_running_loop().time())
+            return
+        self.pacing.lane_ran(others, now, asyncio.get_running_loop().time())
 
     async def _close_inactive(self, rows: list[Claim]) -> None:
         """Closes, batch after batch, the rest of the due queue of the subscriptions the
@@ -316,10 +315,11 @@ class Worker:
             return None
         # A quiet queue: the fan-out leases what it makes, and no claim follows it.
         quiet = self.pacing.quiet(now)
-        others = None if quiet else await self._others(now)
+        if not quiet:
+            await self._others(now)
         self.stats.round_trips += 1
         limit = self.fanout_size.limit
-        claim = self.pacing.claim_params(wanted, others)
+        claim = self.pacing.claim_params(wanted)
         try:
             if quiet:
                 batch = await self.queue.fanout(FanoutBatch, fanout_params(

@@ -11,6 +11,7 @@ trip serves several slots. Pacing does no I/O: the loop runs the claims and the
 from __future__ import annotations
 
 from collections.abc import Collection
+from datetime import datetime
 
 from service.store.worker import ClaimParams, OthersDue
 from service.worker import delivery
@@ -20,19 +21,64 @@ from service.worker.wakeup import RECHECK_MIN
 
 # Shortest sleep when work is due but could not be claimed (locked by another worker).
 MIN_WAIT = 0.01
-# While claims find work, how often a claim also takes the first due delivery of other
-# queues (the claim reads the oldest first: without it, a fresh delivery waited behind
-# every older one of another owner), and how many subscriptions with pending deliveries
-# one walk visits (the next walk goes on from there).
+# While claims find work, how often the lane for other queues looks for queues the
+# claims should take from beside the oldest (the claim reads the oldest first: without
+# it, a fresh delivery waited behind every older one of another owner), and how many
+# subscriptions with pending deliveries one walk visits (the next walk goes on from there).
 LANE_EVERY = 0.2
 LANE_STEPS = 256
-# The most heads one walk gives a claim (one per owner first): the claim locks each.
+# The most queues the lane keeps (one per owner first): the claim probes each.
 LANE_TAKE = 32
 # The walk costs a probe of every partition's pending index per subscription visited
 # (2.5 ms for 256 of a 10,000-subscription fan-out with three days of partitions; more
 # with more days): the next one waits at least this many times as long as the last one
 # took, so the lane takes at most 2% of the time.
 LANE_SPACING = 50.0
+
+
+class Lane:
+    """The queues the claims take from beside the oldest: those the lane's walks found
+    with due deliveries (others_due), each kept while it has some. A queue found once
+    drains at its subscription's window, not one delivery per walk. At most LANE_TAKE,
+    chosen one per owner first, the queues already kept first within each owner's turn,
+    so one owner's many queues never keep another's out."""
+
+    def __init__(self) -> None:
+        self.queues: dict[int, tuple[str, datetime]] = {}  # sid: (owner, its probe's day)
+        self.held: set[int] = set()  # kept queues the last claim's caps held back
+        self.held_owners: set[str] = set()
+
+    def found(self, others: OthersDue) -> None:
+        """Adds what a walk found."""
+        found = {sid: (owner, since) for sid, owner, since
+                 in zip(others["sids"], others["owners"], others["created"], strict=True)}
+        turns: dict[str, int] = {}
+        ranked: list[tuple[int, int, int]] = []
+        for new, queues in enumerate((self.queues, found)):
+            for sid, (owner, _) in queues.items():
+                if new and sid in self.queues:
+                    continue
+                turns[owner] = turns.get(owner, 0) + 1
+                ranked.append((turns[owner], new, sid))
+        queues = self.queues | {sid: q for sid, q in found.items() if sid not in self.queues}
+        self.queues = {sid: queues[sid] for _, _, sid in sorted(ranked)[:LANE_TAKE]}
+
+    def params(self, saturated: Collection[int], saturated_owners: Collection[str],
+               ) -> dict[int, datetime]:
+        """The queues for a claim whose caps hold back `saturated` subscriptions and
+        owners, noted for claimed()."""
+        self.held = set(saturated)
+        self.held_owners = set(saturated_owners)
+        return {sid: since for sid, (_, since) in self.queues.items()}
+
+    def claimed(self, claims: Collection[Claim], full: bool) -> None:
+        """After a claim: a queue it took nothing from, though it could (it was not full,
+        and no cap held that queue back), has nothing due any more and is dropped."""
+        if full or not self.queues:
+            return
+        took = {c.subscription_id for c in claims}
+        self.queues = {sid: (owner, since) for sid, (owner, since) in self.queues.items()
+                       if sid in took or sid in self.held or owner in self.held_owners}
 
 
 class Pacing:
@@ -56,6 +102,7 @@ class Pacing:
         self.busy = False
         self.lane_at = float("-inf")  # loop time when the next walk is due
         self.lane_after = 0
+        self.lane = Lane()
 
     def ask(self) -> None:
         """Something may have made deliveries claimable (a notification, a fan-out, a
@@ -91,30 +138,36 @@ class Pacing:
         every LANE_EVERY while claims find work."""
         return self.busy and now >= self.lane_at
 
-    def lane_ran(self, last: int, started: float, now: float) -> None:
-        """The lane's walk, started at `started`, went up to subscription `last` (0: to
-        the end); the next is due after LANE_EVERY, or LANE_SPACING times what it took."""
-        self.lane_after = last
+    def lane_ran(self, others: OthersDue | None, started: float, now: float) -> None:
+        """The lane's walk, started at `started`, found `others` (None: it failed); the
+        next goes on after the last subscription it walked, when due: after LANE_EVERY,
+        or LANE_SPACING times what this one took."""
+        self.lane_after = others["last"] if others else 0
+        if others:
+            self.lane.found(others)
         self.lane_at = now + max(LANE_EVERY - (now - started),
                                  (LANE_SPACING - 1) * (now - started))
 
-    def claim_params(self, wanted: int, others: OthersDue | None = None) -> ClaimParams:
+    def claim_params(self, wanted: int) -> ClaimParams:
         """The claim's parameters for `wanted` deliveries, noting what is in flight."""
         # What the query sees in flight: a short claim may have stopped at a cap that the
         # attempts finishing during its round trip have freed since (see claimed).
         self.view = self.slots.view()
         # The adaptive caps go in as shifted counts (slots.py): one query shape for all.
-        return delivery.claim_params(
+        params = delivery.claim_params(
             limit=wanted, per_target=self.slots.initial, busy=self.slots.claim_busy(),
             lease=self.lease, scan=self.scan, degraded=self.slots.degraded,
-            per_owner=self.slots.per_owner, busy_owners=self.slots.claim_busy_owners(),
-            others=others)
+            per_owner=self.slots.per_owner, busy_owners=self.slots.claim_busy_owners())
+        lane = self.lane.params(params["saturated"], params["saturated_owners"])
+        params["lane_sids"], params["lane_since"] = list(lane), list(lane.values())
+        return params
 
     def claimed(self, claims: Collection[Claim], wanted: int, now: float) -> float | None:
         """After a claim that asked for `wanted` (its attempts started): how long to wait,
         or None when the claim found nothing and the loop should ask when the next
         delivery is due (then next_due)."""
         self.busy = bool(claims)
+        self.lane.claimed(claims, len(claims) >= wanted)
         if len(claims) >= wanted:
             self.claim_due = True  # a full claim: more may be due
             self.drained = False

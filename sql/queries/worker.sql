@@ -45,25 +45,39 @@ WITH busy AS (
      LIMIT %(scan)s
        FOR UPDATE OF d SKIP LOCKED
 ), others AS (
-    -- The heads that the worker's lane for other queues found (others_due below), when
-    -- it ran before this claim: the oldest first would leave them behind a long queue of
-    -- other subscriptions. Checked again here as the oldest are.
+    -- The queues the worker's lane for other queues found (others_due below) and keeps
+    -- while they have due deliveries: the oldest first would leave them behind a long
+    -- queue of other subscriptions. Each one's first due deliveries (its start order),
+    -- up to the room its cap leaves (one probe of each partition's pending index from its
+    -- head's day, %(lane_since)s), checked again here as the oldest are.
     SELECT d.id, d.created_at, d.subscription_id, d.event_id, s.owner, d.next_attempt_at,
-           d.tableoid AS part, d.ctid AS tid, true AS lane
-      FROM webhooks.deliveries d
-      JOIN webhooks.subscriptions s ON s.id = d.subscription_id
-     WHERE d.id = ANY (%(extra_ids)s::bigint[])
-       AND d.created_at = ANY (%(extra_created)s::timestamptz[])
-       AND d.id <> ALL (ARRAY(SELECT f.id FROM fifo f))
-       AND d.status = 'pending'
-       AND d.next_attempt_at <= now()
-       AND d.subscription_id <> ALL (%(saturated)s::bigint[])
+           d.part, d.tid, true AS lane
+      FROM unnest(%(lane_sids)s::bigint[], %(lane_since)s::timestamptz[]) AS l (sid, since)
+      JOIN webhooks.subscriptions s ON s.id = l.sid
+      LEFT JOIN busy b ON b.sid = l.sid
+     CROSS JOIN LATERAL (
+        SELECT d.id, d.created_at, d.subscription_id, d.event_id, d.next_attempt_at,
+               d.tableoid AS part, d.ctid AS tid
+          FROM webhooks.deliveries d
+         WHERE d.subscription_id = l.sid
+           AND d.status = 'pending'
+           AND d.next_attempt_at <= now()
+           AND d.created_at >= l.since
+           AND d.id <> ALL (ARRAY(SELECT f.id FROM fifo f))
+           AND (s.ordering = 'unordered' OR NOT s.active
+                OR NOT EXISTS (SELECT 1 FROM webhooks.deliveries p
+                                WHERE p.subscription_id = d.subscription_id
+                                  AND p.status = 'pending' AND p.id < d.id))
+         ORDER BY d.id
+         -- Its room, and its share of the claim when the lane has several queues.
+         LIMIT greatest(0, least(
+                   CASE WHEN l.sid = ANY (%(degraded)s::bigint[]) THEN 1
+                        ELSE %(per_target)s END - coalesce(b.n, 0),
+                   (%(limit)s + cardinality(%(lane_sids)s::bigint[]) - 1)
+                       / greatest(1, cardinality(%(lane_sids)s::bigint[]))))
+           FOR UPDATE OF d SKIP LOCKED) d
+     WHERE l.sid <> ALL (%(saturated)s::bigint[])
        AND s.owner <> ALL (%(saturated_owners)s::text[])
-       AND (s.ordering = 'unordered' OR NOT s.active
-            OR NOT EXISTS (SELECT 1 FROM webhooks.deliveries p
-                            WHERE p.subscription_id = d.subscription_id
-                              AND p.status = 'pending' AND p.id < d.id))
-       FOR UPDATE OF d SKIP LOCKED
 ), candidates AS (
     SELECT * FROM fifo
     UNION ALL
@@ -89,7 +103,7 @@ WITH busy AS (
            -- During a rotation's overlap the secret before it signs too.
            CASE WHEN s.previous_secret_expires_at > now() THEN s.previous_secret END
                AS previous_secret
-      -- What the lane found first (a few heads of queues the oldest-first scan does not
+      -- What the lane's queues have due first (queues the oldest-first scan does not
       -- reach), then the oldest.
       FROM (SELECT id, created_at, subscription_id, event_id, part, tid, due
               FROM per_owner
@@ -130,11 +144,12 @@ RETURNING d.id, d.attempts, d.subscription_id, c.owner, c.active, c.target, c.se
 -- due delivery of another owner (200,000 of them: 41 s). Every LANE_EVERY while the
 -- queue is busy, the worker walks the subscriptions that have pending deliveries, in id
 -- order from %(after)s (one probe of the pending index per partition for each, which
--- finds its oldest pending delivery too; at most %(steps)s of them), and gives the next
--- claim the first due delivery (oldest first: the subscription's start order) of those
--- it is not sending already (%(busy)s), %(take)s at most. Returns the last subscription
--- walked (where the next walk starts; 0 when this one reached the end) and the heads'
--- keys.
+-- finds its oldest pending delivery too; at most %(steps)s of them), and finds those
+-- with a due delivery that it is not sending already (%(busy)s), %(take)s at most: the
+-- worker's claims then take from their queues beside the oldest (the claim's `others`),
+-- while they have due deliveries. Returns the last subscription walked (where the next
+-- walk starts; 0 when this one reached the end) and, for each queue found, its owner and
+-- its first due delivery's day (where the claim's probe of it starts).
 WITH RECURSIVE walk (sid, id, created_at, due, step) AS (
     -- Each step reads the first entry of the pending index after the last subscription:
     -- the next subscription and its oldest pending delivery, which is its head when due.
@@ -168,10 +183,10 @@ WITH RECURSIVE walk (sid, id, created_at, due, step) AS (
          ORDER BY d.id LIMIT 1) h
      WHERE NOT w.due AND w.sid <> ALL (%(busy)s::bigint[])
 ), taken AS MATERIALIZED (
-    -- At most %(take)s heads, one per owner first (the claim locks each one it is given;
-    -- a walk over 256 subscriptions of a few owners gives each of them a turn).
-    SELECT h.sid, h.id, h.created_at
-      FROM (SELECT h.sid, h.id, h.created_at,
+    -- At most %(take)s queues, one per owner first (each costs the claim a probe; a walk
+    -- over 256 subscriptions of a few owners gives each of them a turn).
+    SELECT h.sid, h.owner, h.created_at, h.turn
+      FROM (SELECT h.sid, s.owner, h.created_at,
                    row_number() OVER (PARTITION BY s.owner ORDER BY h.sid) AS turn
               FROM heads h
               JOIN webhooks.subscriptions s ON s.id = h.sid) h
@@ -180,8 +195,9 @@ WITH RECURSIVE walk (sid, id, created_at, due, step) AS (
 )
 SELECT CASE WHEN (SELECT count(*) FROM walk) >= %(steps)s
             THEN (SELECT max(w.sid) FROM walk w) ELSE 0 END AS last,
-       ARRAY(SELECT t.id FROM taken t ORDER BY t.sid) AS ids,
-       ARRAY(SELECT t.created_at FROM taken t ORDER BY t.sid) AS created
+       ARRAY(SELECT t.sid FROM taken t ORDER BY t.turn, t.sid) AS sids,
+       ARRAY(SELECT t.owner FROM taken t ORDER BY t.turn, t.sid) AS owners,
+       ARRAY(SELECT t.created_at FROM taken t ORDER BY t.turn, t.sid) AS created
 
 -- name: next_due --
 -- Seconds until the earliest pending delivery of a subscription and owner not at their

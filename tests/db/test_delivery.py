@@ -135,7 +135,7 @@ def test_claim_uses_the_due_index(conn: psycopg.Connection) -> None:
     params = {"limit": 10, "scan": 100, "per_target": 8, "per_owner": 32, "lease": 60.0,
               "busy_ids": [], "busy_counts": [], "saturated": [], "degraded": [],
               "owner_names": ["a"], "owner_counts": [1], "saturated_owners": ["b"],
-              "extra_ids": [], "extra_created": []}
+              "lane_sids": [], "lane_since": []}
     with conn.cursor() as cur:
         plan = cur.execute(b"EXPLAIN " + query("claim").encode(), params).fetchall()
     # Each partition's copy of deliveries_due_idx.
@@ -184,35 +184,48 @@ async def test_a_subscription_deleted_while_its_outcome_is_recorded_never_deadlo
     assert conn.execute("SELECT count(*) FROM webhooks.subscriptions").fetchone() == (0,)
 
 
-async def test_the_lane_walks_the_queues_in_turn_and_gives_each_ones_first_due(
+async def test_the_lane_walks_the_queues_in_turn_and_finds_those_with_due_deliveries(
         pool: AsyncConnectionPool, conn: psycopg.Connection) -> None:
     sids = sorted(await queue(pool, conn, 3, subscribers=3))
-    heads = {sid: [r[0] for r in conn.execute(
+    ids = {sid: [r[0] for r in conn.execute(
         "SELECT id FROM webhooks.deliveries WHERE subscription_id = %s ORDER BY id",
         (sid,))] for sid in sids}
     # The first queue's first delivery is in flight: its next one is that queue's head.
     conn.execute("UPDATE webhooks.deliveries SET next_attempt_at = now() + interval '1 min'"
-                 " WHERE id = %s", (heads[sids[0]][0],))
+                 " WHERE id = %s", (ids[sids[0]][0],))
     store = Store(pool)
     walk = await store.others_due(after=0, steps=2, take=10, busy=[])
     assert walk["last"] == sids[1]  # stopped after two: the next walk goes on from there
-    assert walk["ids"] == [heads[sids[0]][1], heads[sids[1]][0]]
+    assert walk["sids"] == sids[:2] and walk["owners"] == ["tests", "tests"]
+    # Each queue's probe starts at its first due delivery's day.
+    (created,) = conn.execute("SELECT array_agg(created_at ORDER BY subscription_id)"
+                              " FROM webhooks.deliveries WHERE id = ANY (%s)",
+                              ([ids[sids[0]][1], ids[sids[1]][0]],)).fetchone() or (None,)
+    assert walk["created"] == created
     walk = await store.others_due(after=walk["last"], steps=2, take=10, busy=[])
-    assert walk["last"] == 0 and walk["ids"] == [heads[sids[2]][0]]  # the end: from 0 again
-    # Queues this worker is sending already are left to it; at most `take` heads.
+    assert walk["last"] == 0 and walk["sids"] == [sids[2]]  # the end: from 0 again
+    # Queues this worker is sending already are left to it; at most `take` queues.
     walk = await store.others_due(after=0, steps=5, take=10, busy=[sids[0]])
-    assert walk["ids"] == [heads[sids[1]][0], heads[sids[2]][0]]
+    assert walk["sids"] == [sids[1], sids[2]]
     walk = await store.others_due(after=0, steps=5, take=1, busy=[])
-    assert walk["ids"] == [heads[sids[0]][1]]
-    # The same when its oldest is due (above it was not): walked past, no head.
+    assert walk["sids"] == [sids[0]]
+    # The same when its oldest is due (above it was not): walked past, not found.
     walk = await store.others_due(after=0, steps=5, take=10, busy=[sids[1]])
-    assert walk["last"] == 0
-    assert walk["ids"] == [heads[sids[0]][1], heads[sids[2]][0]]
-    # The claim takes what the lane found beside the oldest its scan reaches (one here).
-    oldest = conn.execute("SELECT id FROM webhooks.deliveries WHERE next_attempt_at <= now()"
-                          " ORDER BY next_attempt_at, id LIMIT 1").fetchone()
-    assert oldest is not None
-    params = claim_params(limit=10, per_target=100, busy={}, lease=60.0, scan=1, others=walk)
+    assert walk["last"] == 0 and walk["sids"] == [sids[0], sids[2]]
+    # The claim takes every due delivery of the lane's queues, up to each one's room,
+    # beside the oldest its scan reaches (one here: the second queue's first).
+    lane = dict(zip(walk["sids"], walk["created"], strict=True))
+    params = claim_params(limit=10, per_target=100, busy={sids[2]: 98}, lease=60.0, scan=1,
+                          lane=lane)
     params["scan"] = 1
     got = await store.claim(Claim, **params)
-    assert sorted(c.id for c in got) == sorted({oldest[0], *walk["ids"]})
+    assert sorted(c.id for c in got) == sorted([ids[sids[1]][0], *ids[sids[0]][1:],
+                                                *ids[sids[2]][:2]])
+    # Everything due again (as when leases expire): a degraded queue gives one, and each
+    # of the lane's queues at most its share of the claim (two of four here).
+    conn.execute("UPDATE webhooks.deliveries SET next_attempt_at = now()")
+    params = claim_params(limit=4, per_target=100, busy={}, lease=60.0, scan=1,
+                          degraded=[sids[0]], lane=lane)
+    params["scan"] = 1
+    got = await store.claim(Claim, **params)
+    assert sorted(c.id for c in got) == sorted([ids[sids[0]][0], *ids[sids[2]][:2]])

@@ -269,7 +269,7 @@ def reads_a_table_whole(plan: str) -> bool:
 CLAIM_ALL = {"limit": 100, "scan": 1000, "per_target": 1000, "per_owner": 1000,
              "lease": 60.0, "busy_ids": [], "busy_counts": [], "saturated": [],
              "degraded": [], "owner_names": [], "owner_counts": [], "saturated_owners": [],
-             "extra_ids": [], "extra_created": []}
+             "lane_sids": [], "lane_since": []}
 
 
 def reads_the_newest_days_only(rows: list[tuple[Any, ...]]) -> None:
@@ -319,7 +319,7 @@ def test_claim_list_and_recover_use_their_indexes(seeded: psycopg.Connection) ->
         "limit": 100, "scan": 1000, "per_target": 8, "per_owner": 32, "lease": 60.0,
         "busy_ids": [], "busy_counts": [], "saturated": [], "degraded": [],
         "owner_names": [], "owner_counts": [], "saturated_owners": [],
-        "extra_ids": [], "extra_created": []})
+        "lane_sids": [], "lane_since": []})
     assert "due_idx" in claim or "next_attempt_at_id_idx" in claim, claim
     assert not reads_a_table_whole(claim), claim
     sid = conn.execute("SELECT min(id) FROM webhooks.subscriptions").fetchone()
@@ -454,7 +454,7 @@ CLAIM_PARAMS: dict[str, Any] = {
     "limit": 64, "scan": 100, "per_target": 64, "per_owner": 2**31 - 1, "lease": 60.0,
     "busy_ids": "{}", "busy_counts": "{}", "saturated": "{}", "degraded": "{}",
     "owner_names": "{}", "owner_counts": "{}", "saturated_owners": "{}",
-    "extra_ids": "{}", "extra_created": "{}"}
+    "lane_sids": "{}", "lane_since": "{}"}
 
 
 def prepare(conn: psycopg.Connection, name: str, params: dict[str, Any]) -> str:
@@ -488,19 +488,25 @@ def backlog(conn: psycopg.Connection, sid: int, n: int) -> None:
                  " SELECT id, %s FROM webhooks.events", (sid,))
 
 
+@pytest.mark.parametrize("lane", [False, True])
 @pytest.mark.parametrize("built_on", ["analysed empty", "never analysed"])
 def test_claim_plan_holds_whatever_the_statistics(conn: psycopg.Connection,
-                                                  built_on: str) -> None:
+                                                  built_on: str, lane: bool) -> None:
     """The claim runs on one generic plan per connection (the worker's queue pool): built
     while the day's partition was empty, it still reads the due deliveries of a 20,000
     backlog in order from the due index and reaches each row it takes by key or address:
     no plan node handles more rows than the claim scans (a sort of the queue handles them
-    all at every claim, a join with it once per claimed row)."""
+    all at every claim, a join with it once per claimed row). The same when the lane for
+    other queues names that queue (its probe reads the pending index in order)."""
     sid = subscription(conn)
     if built_on == "analysed empty":
         conn.execute("ANALYZE webhooks.deliveries, webhooks.events")
     queue_settings(conn)
-    claim = prepare(conn, "claim", CLAIM_PARAMS)
+    params = CLAIM_PARAMS
+    if lane:
+        (since,) = conn.execute("SELECT now() - interval '1 day'").fetchone() or (None,)
+        params = CLAIM_PARAMS | {"lane_sids": f"{{{sid}}}", "lane_since": f'{{"{since}"}}'}
+    claim = prepare(conn, "claim", params)
     with conn.transaction():
         assert conn.execute(claim).fetchall() == []  # the generic plan is built here
     backlog(conn, sid, 20000)
@@ -509,7 +515,10 @@ def test_claim_plan_holds_whatever_the_statistics(conn: psycopg.Connection,
     conn.execute("ROLLBACK")
     assert row is not None
     plan = row[0][0]["Plan"]
-    assert most_rows(plan)[0] <= CLAIM_PARAMS["scan"], most_rows(plan)
+    # The lane's probe reads at most the claim's limit more, after the scan's rows (here
+    # the same queue's: the claim keeps its cap's worth).
+    bound = CLAIM_PARAMS["scan"] + (CLAIM_PARAMS["limit"] if lane else 0)
+    assert most_rows(plan)[0] <= bound, most_rows(plan)
     assert plan["Actual Rows"] == CLAIM_PARAMS["limit"]
     generic = conn.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements"
                            " WHERE name = 'claim'").fetchone()
