@@ -71,12 +71,16 @@ class Lane:
         self.held_owners = set(saturated_owners)
         return {sid: since for sid, (_, since) in self.queues.items()}
 
-    def claimed(self, claims: Collection[Claim], full: bool) -> None:
-        """After a claim: a queue it took nothing from, though it could (it was not full,
-        and no cap held that queue back), has nothing due any more and is dropped."""
-        if full or not self.queues:
+    def claimed(self, claims: Collection[Claim], wanted: int) -> None:
+        """After a claim that asked for `wanted`: a queue it took nothing from, though it
+        could (no cap held that queue back, and the lane's queues, which the claim takes
+        first, did not fill it), has nothing due any more and is dropped. A full claim of
+        other queues' deliveries says nothing of the lane's."""
+        if not self.queues:
             return
-        took = {c.subscription_id for c in claims}
+        took = {c.subscription_id for c in claims if c.subscription_id in self.queues}
+        if sum(c.subscription_id in took for c in claims) >= wanted:
+            return
         self.queues = {sid: (owner, since) for sid, (owner, since) in self.queues.items()
                        if sid in took or sid in self.held or owner in self.held_owners}
 
@@ -167,7 +171,7 @@ class Pacing:
         or None when the claim found nothing and the loop should ask when the next
         delivery is due (then next_due)."""
         self.busy = bool(claims)
-        self.lane.claimed(claims, len(claims) >= wanted)
+        self.lane.claimed(claims, wanted)
         if len(claims) >= wanted:
             self.claim_due = True  # a full claim: more may be due
             self.drained = False

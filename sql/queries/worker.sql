@@ -63,7 +63,6 @@ WITH busy AS (
            AND d.status = 'pending'
            AND d.next_attempt_at <= now()
            AND d.created_at >= l.since
-           AND d.id <> ALL (ARRAY(SELECT f.id FROM fifo f))
            AND (s.ordering = 'unordered' OR NOT s.active
                 OR NOT EXISTS (SELECT 1 FROM webhooks.deliveries p
                                 WHERE p.subscription_id = d.subscription_id
@@ -78,6 +77,9 @@ WITH busy AS (
            FOR UPDATE OF d SKIP LOCKED) d
      WHERE l.sid <> ALL (%(saturated)s::bigint[])
        AND s.owner <> ALL (%(saturated_owners)s::text[])
+       -- A queue the oldest-first scan reached is left to it: from both, the claim (which
+       -- takes the lane's first) could start a later delivery and leave an earlier one.
+       AND l.sid <> ALL (ARRAY(SELECT f.subscription_id FROM fifo f))
 ), candidates AS (
     SELECT * FROM fifo
     UNION ALL

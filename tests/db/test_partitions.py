@@ -497,26 +497,30 @@ def test_claim_plan_holds_whatever_the_statistics(conn: psycopg.Connection,
     backlog in order from the due index and reaches each row it takes by key or address:
     no plan node handles more rows than the claim scans (a sort of the queue handles them
     all at every claim, a join with it once per claimed row). The same when the lane for
-    other queues names that queue (its probe reads the pending index in order)."""
-    sid = subscription(conn)
+    other queues names another queue as long, behind it (its probe reads that queue's
+    pending index in order)."""
+    sid, other = subscription(conn), subscription(conn)
     if built_on == "analysed empty":
         conn.execute("ANALYZE webhooks.deliveries, webhooks.events")
     queue_settings(conn)
     params = CLAIM_PARAMS
     if lane:
         (since,) = conn.execute("SELECT now() - interval '1 day'").fetchone() or (None,)
-        params = CLAIM_PARAMS | {"lane_sids": f"{{{sid}}}", "lane_since": f'{{"{since}"}}'}
+        params = CLAIM_PARAMS | {"lane_sids": f"{{{other}}}", "lane_since": f'{{"{since}"}}'}
     claim = prepare(conn, "claim", params)
     with conn.transaction():
         assert conn.execute(claim).fetchall() == []  # the generic plan is built here
     backlog(conn, sid, 20000)
+    if lane:
+        conn.execute("INSERT INTO webhooks.deliveries (event_id, subscription_id)"
+                     " SELECT id, %s FROM webhooks.events", (other,))
     conn.execute("BEGIN")
     row = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + claim).fetchone()
     conn.execute("ROLLBACK")
     assert row is not None
     plan = row[0][0]["Plan"]
-    # The lane's probe reads at most the claim's limit more, after the scan's rows (here
-    # the same queue's: the claim keeps its cap's worth).
+    # The lane's probe reads at most the claim's limit more, beside the scan's rows (the
+    # claim takes the lane's first).
     bound = CLAIM_PARAMS["scan"] + (CLAIM_PARAMS["limit"] if lane else 0)
     assert most_rows(plan)[0] <= bound, most_rows(plan)
     assert plan["Actual Rows"] == CLAIM_PARAMS["limit"]

@@ -59,8 +59,9 @@ def test_query_files_parse() -> None:
 def test_queries_are_sent_without_comments_and_short_enough_to_be_cached() -> None:
     """psycopg caches the parsing of a query's placeholders only up to 4 KB: every named
     query stays under it once its comments are gone; a `--` inside a literal stays.
-    The fan-out alone is longer (it leases a quiet queue's deliveries): the worker sends it
-    with PostgreSQL's placeholders (service.db.raw_query), which psycopg does not parse."""
+    The fan-out (it leases a quiet queue's deliveries) and the claim (it also takes from
+    the lane's queues) are longer: only the worker runs them, and it sends them with
+    PostgreSQL's placeholders (service.db.raw_query), which psycopg does not parse."""
     from service.db import compact, queries
 
     assert compact("SELECT 1 -- one\n  -- a line of its own\n  FROM t") == "SELECT 1\nFROM t"
@@ -68,6 +69,7 @@ def test_queries_are_sent_without_comments_and_short_enough_to_be_cached() -> No
         "SELECT '--not a comment' AS x"
     sizes = {name: len(q.encode()) for name, q in queries().items()}
     assert sizes.pop("fanout") <= 8192
+    assert sizes.pop("claim") <= 8192
     assert all(size <= 4096 for size in sizes.values()), sizes
     assert not [name for name, q in queries().items() if "\n--" in q or q.startswith("--")]
 

@@ -58,11 +58,12 @@ def test_the_claims_take_from_the_queues_the_lane_found_while_they_have_due_ones
     p.lane_ran(found((7, "a"), (9, "b")), 100.0, 100.001)
     params = p.claim_params(10)
     assert params["lane_sids"] == [7, 9] and params["lane_since"] == [NOW, NOW]
-    # A full claim says nothing of what is left: both are kept.
-    p.claimed([claim_of(1)] * 10, 10, 100.0)
+    # A claim filled by the lane's queues says nothing of what is left: both are kept.
+    p.claimed([claim_of(7, i) for i in range(10)], 10, 100.0)
     assert p.claim_params(10)["lane_sids"] == [7, 9]
-    # A short claim took from 7 only: 9 had nothing due any more.
-    p.claimed([claim_of(7)], 10, 100.0)
+    # One that took from 7 only, filled up with other queues' deliveries: 9 had nothing
+    # due any more (the claim takes the lane's queues first).
+    p.claimed([claim_of(7), *(claim_of(1, i) for i in range(100, 109))], 10, 100.0)
     assert p.claim_params(10)["lane_sids"] == [7]
     # 7 at its cap (its claims held: AHEAD times its window) is held back, not dropped.
     for i in range(p.slots.claim_cap(7)):
