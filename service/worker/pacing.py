@@ -52,24 +52,24 @@ class Lane:
         """Adds what a walk found."""
         found = {sid: (owner, since) for sid, owner, since
                  in zip(others["sids"], others["owners"], others["created"], strict=True)}
-        turns: dict[str, int] = {}
-        ranked: list[tuple[int, int, int]] = []
-        for new, queues in enumerate((self.queues, found)):
-            for sid, (owner, _) in queues.items():
-                if new and sid in self.queues:
-                    continue
-                turns[owner] = turns.get(owner, 0) + 1
-                ranked.append((turns[owner], new, sid))
+        # The kept ones first: within an owner, they take its first turns.
         queues = self.queues | {sid: q for sid, q in found.items() if sid not in self.queues}
+        turns: dict[str, int] = {}
+        ranked: list[tuple[int, bool, int]] = []
+        for sid, (owner, _) in queues.items():
+            turns[owner] = turns.get(owner, 0) + 1
+            ranked.append((turns[owner], sid not in self.queues, sid))
         self.queues = {sid: queues[sid] for _, _, sid in sorted(ranked)[:LANE_TAKE]}
 
-    def params(self, saturated: Collection[int], saturated_owners: Collection[str],
-               ) -> dict[int, datetime]:
-        """The queues for a claim whose caps hold back `saturated` subscriptions and
-        owners, noted for claimed()."""
-        self.held = set(saturated)
-        self.held_owners = set(saturated_owners)
+    def params(self) -> dict[int, datetime]:
+        """The queues for a claim, each with the day its probe starts at."""
         return {sid: since for sid, (_, since) in self.queues.items()}
+
+    def held_back(self, params: ClaimParams) -> None:
+        """Notes the subscriptions and owners whose caps hold back the claim of `params`,
+        for claimed()."""
+        self.held = set(params["saturated"])
+        self.held_owners = set(params["saturated_owners"])
 
     def claimed(self, claims: Collection[Claim], wanted: int) -> None:
         """After a claim that asked for `wanted`: a queue it took nothing from, though it
@@ -161,9 +161,9 @@ class Pacing:
         params = delivery.claim_params(
             limit=wanted, per_target=self.slots.initial, busy=self.slots.claim_busy(),
             lease=self.lease, scan=self.scan, degraded=self.slots.degraded,
-            per_owner=self.slots.per_owner, busy_owners=self.slots.claim_busy_owners())
-        lane = self.lane.params(params["saturated"], params["saturated_owners"])
-        params["lane_sids"], params["lane_since"] = list(lane), list(lane.values())
+            per_owner=self.slots.per_owner, busy_owners=self.slots.claim_busy_owners(),
+            lane=self.lane.params())
+        self.lane.held_back(params)
         return params
 
     def claimed(self, claims: Collection[Claim], wanted: int, now: float) -> float | None:

@@ -152,18 +152,18 @@ RETURNING d.id, d.attempts, d.subscription_id, c.owner, c.active, c.target, c.se
 -- while they have due deliveries. Returns the last subscription walked (where the next
 -- walk starts; 0 when this one reached the end) and, for each queue found, its owner and
 -- its first due delivery's day (where the claim's probe of it starts).
-WITH RECURSIVE walk (sid, id, created_at, due, step) AS (
+WITH RECURSIVE walk (sid, created_at, due, step) AS (
     -- Each step reads the first entry of the pending index after the last subscription:
     -- the next subscription and its oldest pending delivery, which is its head when due.
-    (SELECT d.subscription_id, d.id, d.created_at, d.next_attempt_at <= now(), 1
+    (SELECT d.subscription_id, d.created_at, d.next_attempt_at <= now(), 1
        FROM webhooks.deliveries d
       WHERE d.status = 'pending' AND d.subscription_id > %(after)s
       ORDER BY d.subscription_id, d.id LIMIT 1)
     UNION ALL
-    SELECT n.subscription_id, n.id, n.created_at, n.next_attempt_at <= now(), w.step + 1
+    SELECT n.subscription_id, n.created_at, n.next_attempt_at <= now(), w.step + 1
       FROM walk w
      CROSS JOIN LATERAL (
-        SELECT d.subscription_id, d.id, d.created_at, d.next_attempt_at
+        SELECT d.subscription_id, d.created_at, d.next_attempt_at
           FROM webhooks.deliveries d
          WHERE d.status = 'pending' AND d.subscription_id > w.sid
          ORDER BY d.subscription_id, d.id LIMIT 1) n
@@ -171,15 +171,15 @@ WITH RECURSIVE walk (sid, id, created_at, due, step) AS (
 ), heads AS (
     -- The subscriptions this worker is sending already (the saturated ones among them)
     -- are left to it: no head, no probe.
-    SELECT w.sid, w.id, w.created_at
+    SELECT w.sid, w.created_at
       FROM walk w
      WHERE w.due AND w.sid <> ALL (%(busy)s::bigint[])
     UNION ALL
     -- The oldest is in flight or waits for a retry: the first due one after it.
-    SELECT w.sid, h.id, h.created_at
+    SELECT w.sid, h.created_at
       FROM walk w
      CROSS JOIN LATERAL (
-        SELECT d.id, d.created_at FROM webhooks.deliveries d
+        SELECT d.created_at FROM webhooks.deliveries d
          WHERE d.subscription_id = w.sid AND d.status = 'pending'
            AND d.next_attempt_at <= now()
          ORDER BY d.id LIMIT 1) h
