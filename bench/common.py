@@ -123,6 +123,21 @@ def drop_database(admin_url: str, dbname: str) -> None:
             sql.Identifier(dbname)))
 
 
+def keep_history(url: str, days: int) -> str:
+    """Makes the queue tables' daily partitions for the `days` before today (empty), as a
+    running installation has them under its retention, besides today's and those ahead
+    that migrate made; says how many deliveries partitions there are."""
+    with connect(url) as conn:
+        if days > 0:
+            conn.execute("SELECT webhooks.ensure_partitions(now() - make_interval(days => %s),"
+                         " now())", (days,))
+        row = conn.execute("SELECT count(*) FROM pg_inherits"
+                           " WHERE inhparent = 'webhooks.deliveries'::regclass").fetchone()
+    count = row[0] if row else 0
+    return (f"{count} daily partitions per queue table ({days} days before today, today, "
+            "the days ahead)")
+
+
 def connect(url: str) -> psycopg.Connection[Any]:
     """An autocommit connection to the bench database; no statement runs over 5 minutes."""
     return psycopg.connect(url, autocommit=True, options="-c statement_timeout=300000")

@@ -196,7 +196,9 @@ make bench-quick    # under two minutes
 ```
 
 `--only` runs some scenarios and keeps the other rows of `results.json` from the last
-run. `BENCH_DEBUG=1` prints a scenario's traceback and keeps the processes' logs.
+run. `--history-days 0` leaves out the seven past days of partitions (a new
+installation's database). `BENCH_DEBUG=1` prints a scenario's traceback and keeps the
+processes' logs.
 
 Findings and profiles: [FINDINGS.md](FINDINGS.md).
 """)

@@ -23,7 +23,15 @@ from types import FrameType
 from typing import Any
 
 from bench import api, capture, delivery, load, noisy, report, resilience, scale, scale_queue
-from bench.common import BENCH_DB, Procs, Result, drop_database, error_result, recreate_database
+from bench.common import (
+    BENCH_DB,
+    Procs,
+    Result,
+    drop_database,
+    error_result,
+    keep_history,
+    recreate_database,
+)
 from bench.context import Context
 
 Scenario = Callable[[Context], list[Result]]
@@ -47,6 +55,11 @@ SCENARIOS: dict[str, Scenario] = {
 NEEDS_RECEIVER = set(SCENARIOS) - {"capture", "capture_scale"}
 
 
+# The default retention (WEBHOOKS_RETENTION, 7 days) keeps a partition per day before
+# today in each queue table, and every queue statement reads each partition's indexes.
+HISTORY_DAYS = 7
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
@@ -57,6 +70,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile", metavar="DIR", default=None,
                         help="run workers and the API under py-spy; collapsed stacks go to "
                              "DIR/<scenario>-<process>.txt (summarise: python -m bench.profile)")
+    parser.add_argument("--history-days", type=int, default=HISTORY_DAYS, metavar="N",
+                        help="daily partitions of the queue tables made for the N days "
+                             f"before today, as a running installation keeps them (default "
+                             f"{HISTORY_DAYS}: the default WEBHOOKS_RETENTION); 0: a new "
+                             "installation's (today and two ahead)")
     parser.add_argument("--keep-db", action="store_true",
                         help="keep the webhooks_bench database afterwards, for inspection")
     args = parser.parse_args(argv)
@@ -154,10 +172,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from service.db import migrate
 
         migrate(url)
+        history = keep_history(url, args.history_days)
         ctx = Context(url=url, quick=args.quick, procs=procs,
                       profile_dir=Path(args.profile).resolve() if args.profile else None)
         results = run_scenarios(ctx, args.names)
         info = report.machine(url)
+        info["queue partitions"] = history
         # Other processes on the machine skew every figure: the load says how much.
         info["load average before/after (1 min)"] = (f"{load_before[0]:.2f} / "
                                                       f"{os.getloadavg()[0]:.2f}")

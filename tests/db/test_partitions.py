@@ -222,6 +222,20 @@ async def test_retention_keeps_partitions_ahead(db_url: str, conn: psycopg.Conne
                  " VALUES (1, 1, now() + interval '2 days')")
 
 
+async def test_the_benchs_history_is_what_the_default_retention_keeps(
+        db_url: str, conn: psycopg.Connection) -> None:
+    """`make bench` measures on the partitions a running installation has: the seven days
+    before today, today and two ahead; a worker's retention drops none of them."""
+    from bench.common import keep_history
+    from service.config import Settings
+
+    assert keep_history(db_url, 7).startswith("10 daily partitions")
+    async with open_pool(db_url) as pool:
+        assert await prune(Store(pool), retention=Settings().retention) == 0
+    assert len(partitions(conn, "deliveries")) == 10
+    assert len(partitions(conn, "events")) == 10
+
+
 # --- the queue's queries keep their indexes --------------------------------------------
 
 @pytest.fixture
