@@ -131,8 +131,8 @@ def keep_history(url: str, days: int) -> str:
         if days > 0:
             conn.execute("SELECT webhooks.ensure_partitions(now() - make_interval(days => %s),"
                          " now())", (days,))
-        row = conn.execute("SELECT count(*) FROM pg_inherits"
-                           " WHERE inhparent = 'webhooks.deliveries'::regclass").fetchone()
+        row = conn.execute("SELECT count(*) FROM webhooks.queue_partitions"
+                           " WHERE parent = 'deliveries'").fetchone()
     count = row[0] if row else 0
     return (f"{count} daily partitions per queue table ({days} days before today, today, "
             "the days ahead)")
