@@ -134,6 +134,61 @@ BEGIN
 END
 $$;
 
+-- The queue's floor (webhooks.queue_floor, migration 0016): no delivery created before it
+-- is pending. The worker passes the floor it last read to the claim and the fan-out, whose
+-- bounds on created_at then leave the older partitions out of the plan when it starts (a
+-- scan of each day's partition set up at every execution, with the default retention ten
+-- of them); each of those statements checks first that the floor has not been lowered
+-- since (claiming nothing when it has, so that the worker reads it again).
+-- refresh_queue_floor() raises the floor to the start of the oldest partition that holds a
+-- pending delivery, never past the start of yesterday (UTC), so that a transaction still
+-- inserting deliveries dated before midnight is not left below it; returns the floor. The
+-- workers call it every few seconds. It locks the floor's row first and then looks
+-- (each statement with its own snapshot), so a redeliver or recover that lowers the floor
+-- is either seen or waits for it.
+CREATE OR REPLACE FUNCTION webhooks.refresh_queue_floor()
+RETURNS timestamptz
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_since timestamptz := date_trunc('day', now() - interval '1 day', 'UTC');
+    v_pending boolean;
+    p record;
+BEGIN
+    PERFORM 1 FROM webhooks.queue_floor f FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO webhooks.queue_floor (since) VALUES ('-infinity') ON CONFLICT DO NOTHING;
+        PERFORM 1 FROM webhooks.queue_floor f FOR UPDATE;
+    END IF;
+    FOR p IN SELECT q.partition, q.lower_bound FROM webhooks.queue_partitions q
+              WHERE q.parent = 'deliveries' AND q.lower_bound < v_since
+              ORDER BY q.lower_bound
+    LOOP
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM webhooks.%I WHERE status = ''pending'')',
+                       p.partition) INTO v_pending;
+        IF v_pending THEN
+            v_since := p.lower_bound;
+            EXIT;
+        END IF;
+    END LOOP;
+    UPDATE webhooks.queue_floor f SET since = v_since WHERE f.since IS DISTINCT FROM v_since;
+    RETURN v_since;
+END
+$$;
+
+-- Lowers the queue's floor to `since` if it is above it: called, in the same transaction,
+-- by whatever makes a delivery created at `since` pending again (redeliver, recover). It
+-- always takes the floor's row lock, so that a refresh running meanwhile sees the
+-- delivery or waits for this transaction.
+CREATE OR REPLACE FUNCTION webhooks.lower_queue_floor(since timestamptz)
+RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+UPDATE webhooks.queue_floor f SET since = least(f.since, lower_queue_floor.since)
+$$;
+
 -- The partitions that retention may drop now, in the order to drop them: partitions of
 -- deliveries whose whole range is older than `retention`, that hold no pending delivery
 -- and no delivery finished within `retention`, each followed by the events partition of
@@ -254,6 +309,8 @@ REVOKE ALL ON FUNCTION webhooks.partition_bounds() FROM PUBLIC;
 REVOKE ALL ON FUNCTION webhooks.ensure_partitions(timestamptz, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION webhooks.deliveries_partition_busy(text, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION webhooks.expired_partitions(interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION webhooks.refresh_queue_floor() FROM PUBLIC;
+REVOKE ALL ON FUNCTION webhooks.lower_queue_floor(timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION webhooks.keep_detached_deliveries(text, timestamptz, timestamptz,
                                                          interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION webhooks.forget_deliveries() FROM PUBLIC;

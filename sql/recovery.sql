@@ -17,9 +17,10 @@ CREATE OR REPLACE FUNCTION webhooks.redeliver(delivery_id bigint) RETURNS bigint
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_subscription bigint;
+    v_created timestamptz;
     v_active boolean;
 BEGIN
-    SELECT d.subscription_id INTO v_subscription
+    SELECT d.subscription_id, d.created_at INTO v_subscription, v_created
       FROM webhooks.deliveries d
      WHERE d.id = redeliver.delivery_id;
     IF NOT FOUND THEN
@@ -40,6 +41,8 @@ BEGIN
        SET status = 'pending', attempts = 0, next_attempt_at = now(),
            lease_expires_at = NULL, finished_at = NULL
      WHERE d.id = redeliver.delivery_id;
+    -- The claim looks no further back than the queue's floor (sql/partitions.sql).
+    PERFORM webhooks.lower_queue_floor(v_created);
     -- A waiting worker is woken as by a captured change (the conditional NOTIFY).
     PERFORM pg_catalog.pg_notify('webhooks', '') FROM webhooks.wakeups LIMIT 1;
     RETURN redeliver.delivery_id;
@@ -57,6 +60,7 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_active boolean;
     v_count bigint;
+    v_oldest timestamptz;
 BEGIN
     IF since IS NULL THEN
         RAISE EXCEPTION 'recover needs the start of the window (since)'
@@ -75,15 +79,20 @@ BEGIN
                         recover.subscription_id
               USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
-    UPDATE webhooks.deliveries d
-       SET status = 'pending', attempts = 0, next_attempt_at = now(),
-           lease_expires_at = NULL, finished_at = NULL
-     WHERE d.subscription_id = recover.subscription_id
-       AND d.status = 'failed'
-       AND d.created_at >= recover.since
-       AND (recover.until IS NULL OR d.created_at < recover.until);
-    GET DIAGNOSTICS v_count = ROW_COUNT;
+    WITH requeued AS (
+        UPDATE webhooks.deliveries d
+           SET status = 'pending', attempts = 0, next_attempt_at = now(),
+               lease_expires_at = NULL, finished_at = NULL
+         WHERE d.subscription_id = recover.subscription_id
+           AND d.status = 'failed'
+           AND d.created_at >= recover.since
+           AND (recover.until IS NULL OR d.created_at < recover.until)
+        RETURNING d.created_at
+    )
+    SELECT count(*), min(r.created_at) INTO v_count, v_oldest FROM requeued r;
     IF v_count > 0 THEN
+        -- The claim looks no further back than the queue's floor (sql/partitions.sql).
+        PERFORM webhooks.lower_queue_floor(v_oldest);
         -- A strict subscription's requeued deliveries wait behind its head, parked
         -- (sql/ordering.sql).
         PERFORM webhooks.park_held(recover.subscription_id, 0);

@@ -1427,6 +1427,13 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION webhooks.lower_queue_floor(since timestamp with time zone) RETURNS void
+    LANGUAGE sql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+UPDATE webhooks.queue_floor f SET since = least(f.since, lower_queue_floor.since)
+$$;
+
 CREATE FUNCTION webhooks.notify_lock_class() RETURNS integer
     LANGUAGE sql IMMUTABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1612,6 +1619,7 @@ CREATE FUNCTION webhooks.recover(subscription_id bigint, since timestamp with ti
 DECLARE
     v_active boolean;
     v_count bigint;
+    v_oldest timestamptz;
 BEGIN
     IF since IS NULL THEN
         RAISE EXCEPTION 'recover needs the start of the window (since)'
@@ -1630,15 +1638,20 @@ BEGIN
                         recover.subscription_id
               USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
-    UPDATE webhooks.deliveries d
-       SET status = 'pending', attempts = 0, next_attempt_at = now(),
-           lease_expires_at = NULL, finished_at = NULL
-     WHERE d.subscription_id = recover.subscription_id
-       AND d.status = 'failed'
-       AND d.created_at >= recover.since
-       AND (recover.until IS NULL OR d.created_at < recover.until);
-    GET DIAGNOSTICS v_count = ROW_COUNT;
+    WITH requeued AS (
+        UPDATE webhooks.deliveries d
+           SET status = 'pending', attempts = 0, next_attempt_at = now(),
+               lease_expires_at = NULL, finished_at = NULL
+         WHERE d.subscription_id = recover.subscription_id
+           AND d.status = 'failed'
+           AND d.created_at >= recover.since
+           AND (recover.until IS NULL OR d.created_at < recover.until)
+        RETURNING d.created_at
+    )
+    SELECT count(*), min(r.created_at) INTO v_count, v_oldest FROM requeued r;
     IF v_count > 0 THEN
+        -- The claim looks no further back than the queue's floor (sql/partitions.sql).
+        PERFORM webhooks.lower_queue_floor(v_oldest);
         -- A strict subscription's requeued deliveries wait behind its head, parked
         -- (sql/ordering.sql).
         PERFORM webhooks.park_held(recover.subscription_id, 0);
@@ -1654,9 +1667,10 @@ CREATE FUNCTION webhooks.redeliver(delivery_id bigint) RETURNS bigint
     AS $$
 DECLARE
     v_subscription bigint;
+    v_created timestamptz;
     v_active boolean;
 BEGIN
-    SELECT d.subscription_id INTO v_subscription
+    SELECT d.subscription_id, d.created_at INTO v_subscription, v_created
       FROM webhooks.deliveries d
      WHERE d.id = redeliver.delivery_id;
     IF NOT FOUND THEN
@@ -1677,9 +1691,41 @@ BEGIN
        SET status = 'pending', attempts = 0, next_attempt_at = now(),
            lease_expires_at = NULL, finished_at = NULL
      WHERE d.id = redeliver.delivery_id;
+    -- The claim looks no further back than the queue's floor (sql/partitions.sql).
+    PERFORM webhooks.lower_queue_floor(v_created);
     -- A waiting worker is woken as by a captured change (the conditional NOTIFY).
     PERFORM pg_catalog.pg_notify('webhooks', '') FROM webhooks.wakeups LIMIT 1;
     RETURN redeliver.delivery_id;
+END
+$$;
+
+CREATE FUNCTION webhooks.refresh_queue_floor() RETURNS timestamp with time zone
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_since timestamptz := date_trunc('day', now() - interval '1 day', 'UTC');
+    v_pending boolean;
+    p record;
+BEGIN
+    PERFORM 1 FROM webhooks.queue_floor f FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO webhooks.queue_floor (since) VALUES ('-infinity') ON CONFLICT DO NOTHING;
+        PERFORM 1 FROM webhooks.queue_floor f FOR UPDATE;
+    END IF;
+    FOR p IN SELECT q.partition, q.lower_bound FROM webhooks.queue_partitions q
+              WHERE q.parent = 'deliveries' AND q.lower_bound < v_since
+              ORDER BY q.lower_bound
+    LOOP
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM webhooks.%I WHERE status = ''pending'')',
+                       p.partition) INTO v_pending;
+        IF v_pending THEN
+            v_since := p.lower_bound;
+            EXIT;
+        END IF;
+    END LOOP;
+    UPDATE webhooks.queue_floor f SET since = v_since WHERE f.since IS DISTINCT FROM v_since;
+    RETURN v_since;
 END
 $$;
 
@@ -2194,6 +2240,12 @@ ALTER TABLE webhooks.outbox ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     CACHE 1
 );
 
+CREATE TABLE webhooks.queue_floor (
+    single boolean DEFAULT true NOT NULL,
+    since timestamp with time zone NOT NULL,
+    CONSTRAINT queue_floor_single_check CHECK (single)
+);
+
 CREATE VIEW webhooks.queue_partitions AS
  SELECT partition_bounds.parent,
     partition_bounds.partition,
@@ -2307,6 +2359,9 @@ ALTER TABLE ONLY webhooks.hook_events
 
 ALTER TABLE ONLY webhooks.outbox
     ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY webhooks.queue_floor
+    ADD CONSTRAINT queue_floor_pkey PRIMARY KEY (single);
 
 ALTER TABLE ONLY webhooks.rejected_changes
     ADD CONSTRAINT rejected_changes_pkey PRIMARY KEY (id);
@@ -2464,6 +2519,8 @@ REVOKE ALL ON FUNCTION webhooks.lifecycle(failing_after interval, disable_after 
 
 REVOKE ALL ON FUNCTION webhooks.lifecycle_event(subject webhooks.subscriptions, event_name text) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION webhooks.lower_queue_floor(since timestamp with time zone) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION webhooks.notify_lock_class() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.on_alter_table() FROM PUBLIC;
@@ -2487,6 +2544,8 @@ REVOKE ALL ON FUNCTION webhooks.probe_lock_class() FROM PUBLIC;
 REVOKE ALL ON FUNCTION webhooks.recover(subscription_id bigint, since timestamp with time zone, until timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.redeliver(delivery_id bigint) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION webhooks.refresh_queue_floor() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.row_columns(a webhooks.attachments) FROM PUBLIC;
 

@@ -28,6 +28,8 @@ class LeaseParams(TypedDict):
     owner_names: list[str]
     owner_counts: list[int]
     saturated_owners: list[str]
+    # The queue's floor (sql/partitions.sql) as the worker last read it; None: not known.
+    since: datetime | None
 
 
 class ClaimParams(LeaseParams):
@@ -59,34 +61,44 @@ class WorkerQueries(AsyncQueries):
                     busy_counts: list[int], saturated: list[int], degraded: list[int],
                     owner_names: list[str], owner_counts: list[int],
                     saturated_owners: list[str], lane_sids: list[int],
-                    lane_since: list[datetime]) -> list[Claimed]:
-        """Leases up to `limit` due deliveries below their caps, as `into` (unordered)."""
+                    lane_since: list[datetime], since: datetime | None = None
+                    ) -> list[Claimed]:
+        """Leases up to `limit` due deliveries below their caps, as `into` (unordered);
+        `since`: the queue's floor as last read (None: every partition is read)."""
         return await self._all("claim", {
             "limit": limit, "scan": scan, "per_target": per_target, "per_owner": per_owner,
             "lease": lease, "busy_ids": busy_ids, "busy_counts": busy_counts,
             "saturated": saturated, "degraded": degraded, "owner_names": owner_names,
             "owner_counts": owner_counts, "saturated_owners": saturated_owners,
-            "lane_sids": lane_sids, "lane_since": lane_since},
+            "lane_sids": lane_sids, "lane_since": lane_since, "since": since},
             row=class_row(into))
 
-    async def others_due(self, *, after: int, steps: int, take: int, busy: list[int]
-                         ) -> OthersDue:
+    async def others_due(self, *, after: int, steps: int, take: int, busy: list[int],
+                         since: datetime | None = None) -> OthersDue:
         """The subscriptions with a due delivery among those with pending deliveries,
         walked in id order from `after` (at most `steps`), but for the `busy` ones (those
         this worker holds claims of), at most `take` (one per owner first), for the
-        claims to take from beside the oldest."""
+        claims to take from beside the oldest; `since`: the queue's floor (None: every
+        partition is read)."""
         row = await self._one("others_due", {"after": after, "steps": steps, "take": take,
-                                             "busy": busy})
+                                             "busy": busy, "since": since})
         assert row is not None
         return {"last": row["last"], "sids": list(row["sids"]),
                 "owners": list(row["owners"]), "created": list(row["created"])}
 
     async def next_due(self, *, saturated: list[int], saturated_owners: list[str]
-                       ) -> float | None:
-        """Seconds until the next claimable delivery is due; None when none is pending."""
+                       ) -> tuple[float | None, datetime | None]:
+        """Seconds until the next claimable delivery is due (None when none is pending),
+        and the queue's floor (None when there is none)."""
         row = await self._one("next_due", {"saturated": saturated,
                                            "saturated_owners": saturated_owners})
-        return row["wait"] if row else None
+        return (row["wait"], row["since"]) if row else (None, None)
+
+    async def refresh_queue_floor(self) -> datetime | None:
+        """Raises the queue's floor to what is pending now (sql/partitions.sql); returns
+        it (None when there is none)."""
+        row = await self._one("refresh_queue_floor", {})
+        return row["since"] if row else None
 
     async def record(self, *, batch: str) -> list[int]:
         """Writes a JSON batch of finished attempts and their deliveries' new state;

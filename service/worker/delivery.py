@@ -140,10 +140,11 @@ def saturated_owners(busy_owners: Mapping[str, int], per_owner: int | None) -> l
 def claim_params(*, limit: int, per_target: int, busy: Mapping[int, int], lease: float,
                  scan: int, degraded: Collection[int] = (), per_owner: int | None = None,
                  busy_owners: Mapping[str, int] | None = None,
-                 lane: Mapping[int, datetime] | None = None) -> ClaimParams:
+                 lane: Mapping[int, datetime] | None = None,
+                 since: datetime | None = None) -> ClaimParams:
     """The parameters of the claim query (see claim()); `lane`: the queues the lane for
     other queues keeps (others_due), each with the day its probe starts at, claimed from
-    beside the oldest."""
+    beside the oldest; `since`: the queue's floor as last read (None: not known)."""
     owners = busy_owners or {}
     return {
         "lane_sids": list(lane or {}),
@@ -160,6 +161,7 @@ def claim_params(*, limit: int, per_target: int, busy: Mapping[int, int], lease:
         "owner_names": list(owners),
         "owner_counts": list(owners.values()),
         "saturated_owners": saturated_owners(owners, per_owner),
+        "since": since,
     }
 
 

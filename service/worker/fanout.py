@@ -71,7 +71,8 @@ class FanoutSize:
 NO_LEASE: ClaimParams = {
     "limit": 0, "scan": 0, "per_target": 0, "per_owner": 0, "lease": 0.0, "busy_ids": [],
     "busy_counts": [], "saturated": [], "degraded": [], "owner_names": [],
-    "owner_counts": [], "saturated_owners": [], "lane_sids": [], "lane_since": []}
+    "owner_counts": [], "saturated_owners": [], "lane_sids": [], "lane_since": [],
+    "since": None}
 
 
 def fanout_params(limit: int, max_row_bytes: int, careful: bool = False,
@@ -84,7 +85,7 @@ def fanout_params(limit: int, max_row_bytes: int, careful: bool = False,
             "busy_ids": lease["busy_ids"], "busy_counts": lease["busy_counts"],
             "saturated": lease["saturated"], "degraded": lease["degraded"],
             "owner_names": lease["owner_names"], "owner_counts": lease["owner_counts"],
-            "saturated_owners": lease["saturated_owners"]}
+            "saturated_owners": lease["saturated_owners"], "since": lease["since"]}
 
 
 async def _fan_out(store: Store, limit: int, max_row_bytes: int,

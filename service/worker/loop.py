@@ -228,6 +228,7 @@ class Worker:
         if loop.time() >= self._lifecycle_at:
             self._lifecycle_at = loop.time() + lifecycle_interval(self.settings)
             await lifecycle_round(self.store, self.settings, self.metrics)
+            await self._refresh_floor()
             self.pacing.ask()
         now = loop.time()
         self.slots.mark_slow(now)
@@ -249,6 +250,17 @@ class Worker:
         await self._close_inactive(rows)
         return await self._paced(claims, wanted, now, until_fanout)
 
+    async def _refresh_floor(self) -> None:
+        """Raises the queue's floor to what is pending now, for the claims and fan-outs
+        after it (refresh_queue_floor in sql/partitions.sql). A refresh the database
+        refuses leaves the floor the worker has: a stale one costs only reading older
+        partitions, or, when it was lowered since, an empty claim and next_due's."""
+        self.stats.round_trips += 1
+        try:
+            self.pacing.since = await self.store.refresh_queue_floor()
+        except StoreRejected as exc:
+            log.warning("could not refresh the queue's floor: %s", exc)
+
     async def _others(self, now: float) -> None:
         """Looks for other queues with due deliveries, for the claims to take from beside
         the oldest, when the lane is due (Pacing.lane_due, Lane; others_due in
@@ -259,7 +271,7 @@ class Worker:
         try:
             others = await self.queue.others_due(
                 after=self.pacing.lane_after, steps=LANE_STEPS, take=LANE_TAKE,
-                busy=list(self.slots.busy))
+                busy=list(self.slots.busy), since=self.pacing.since)
         except StoreRejected as exc:
             # The lane only helps the claim: a walk the database refuses (a statement
             # timeout on a huge queue, say) leaves the claim to run without it.
@@ -289,8 +301,8 @@ class Worker:
         if wait is None:
             self._vacuum_if_drained()
             self.stats.round_trips += 1
-            due = await self.store.next_due(saturated=self.slots.saturated(),
-                                            saturated_owners=self.slots.saturated_owners())
+            due, self.pacing.since = await self.store.next_due(
+                saturated=self.slots.saturated(), saturated_owners=self.slots.saturated_owners())
             wait = self.pacing.next_due(due, now)
         return min(wait, until_fanout)
 

@@ -107,6 +107,9 @@ class Pacing:
         self.lane_at = float("-inf")  # loop time when the next walk is due
         self.lane_after = 0
         self.lane = Lane()
+        # The queue's floor as last read (refresh_queue_floor, next_due), which the claims
+        # and the fan-out pass on; None until then.
+        self.since: datetime | None = None
 
     def ask(self) -> None:
         """Something may have made deliveries claimable (a notification, a fan-out, a
@@ -162,7 +165,7 @@ class Pacing:
             limit=wanted, per_target=self.slots.initial, busy=self.slots.claim_busy(),
             lease=self.lease, scan=self.scan, degraded=self.slots.degraded,
             per_owner=self.slots.per_owner, busy_owners=self.slots.claim_busy_owners(),
-            lane=self.lane.params())
+            lane=self.lane.params(), since=self.since)
         self.lane.held_back(params)
         return params
 

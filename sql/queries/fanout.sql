@@ -25,10 +25,17 @@ WITH lock AS (
     SELECT owner, n
       FROM unnest(%(owner_names)s::text[], %(owner_counts)s::int[]) AS b (owner, n)
 ), quiet AS (
-    -- One probe of the due index; not run when nothing is to be leased.
+    -- One probe of the due index from the queue's floor, %(since)s, as the claim's (a floor
+    -- lowered since the worker read it is not quiet); not run when nothing is to be leased.
     SELECT %(take)s::int > 0
+           AND (%(since)s::timestamptz IS NULL
+                OR %(since)s::timestamptz
+                   <= coalesce((SELECT f.since FROM webhooks.queue_floor f), '-infinity'))
            AND NOT EXISTS (SELECT 1 FROM webhooks.deliveries d
-                            WHERE d.status = 'pending' AND d.next_attempt_at <= now()) AS ok
+                            WHERE d.status = 'pending' AND d.next_attempt_at <= now()
+                              AND d.created_at >= coalesce(%(since)s::timestamptz,
+                                                           '-infinity')
+                              AND d.created_at <= now()) AS ok
 ), batch AS (
     DELETE FROM webhooks.outbox o
      WHERE o.id IN (SELECT id FROM webhooks.outbox
@@ -174,9 +181,14 @@ WITH lock AS (
                 WHEN m.n IS NULL THEN now()  -- not strict
                 WHEN m.n > 1 THEN 'infinity'::timestamptz
                 -- A CASE branch, not an AND: an AND would run the probe for a NULL n too.
+                -- From the queue's floor: one that was lowered since the worker read it
+                -- may hide an older head, and the delivery is then left due, where the
+                -- claim's own check holds it behind that head.
                 ELSE CASE WHEN (SELECT true FROM webhooks.deliveries p
                                  WHERE p.subscription_id = m.subscription_id
                                    AND p.status = 'pending'
+                                   AND p.created_at >= coalesce(%(since)s::timestamptz,
+                                                                '-infinity')
                                  ORDER BY p.id LIMIT 1 FOR SHARE OF p SKIP LOCKED)
                           THEN 'infinity'::timestamptz ELSE now() END END,
            CASE WHEN l.event_id IS NOT NULL THEN 1 ELSE 0 END,

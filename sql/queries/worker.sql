@@ -17,7 +17,15 @@
 -- sequential and bitmap scans off): the due deliveries are read in order from the due
 -- index, the chosen rows updated by row address in their own partition, and each one's
 -- subscription and event found by one index probe.
-WITH busy AS (
+-- The deliveries partitions before the queue's floor, %(since)s (sql/partitions.sql; NULL:
+-- none known), hold nothing pending, and the bounds on created_at leave them out when the
+-- plan starts, as the bound by now() leaves out the days ahead; a floor lowered since the
+-- worker read it (`floor` below) claims nothing, and the worker reads it again (next_due).
+WITH floor AS (
+    SELECT %(since)s::timestamptz IS NULL
+           OR %(since)s::timestamptz <= coalesce((SELECT f.since FROM webhooks.queue_floor f),
+                                                 '-infinity') AS ok
+), busy AS (
     SELECT sid, n FROM unnest(%(busy_ids)s::bigint[], %(busy_counts)s::int[]) AS b (sid, n)
 ), busy_owners AS (
     SELECT owner, n
@@ -29,6 +37,9 @@ WITH busy AS (
       JOIN webhooks.subscriptions s ON s.id = d.subscription_id
      WHERE d.status = 'pending'
        AND d.next_attempt_at <= now()
+       AND d.created_at >= coalesce(%(since)s::timestamptz, '-infinity')
+       AND d.created_at <= now()
+       AND (SELECT ok FROM floor)
        AND d.subscription_id <> ALL (%(saturated)s::bigint[])
        AND s.owner <> ALL (%(saturated_owners)s::text[])
        -- A strict subscription sends only its first pending delivery, in id order,
@@ -40,7 +51,9 @@ WITH busy AS (
        AND (s.ordering = 'unordered' OR NOT s.active
             OR NOT EXISTS (SELECT 1 FROM webhooks.deliveries p
                             WHERE p.subscription_id = d.subscription_id
-                              AND p.status = 'pending' AND p.id < d.id))
+                              AND p.status = 'pending' AND p.id < d.id
+                              AND p.created_at >= coalesce(%(since)s::timestamptz,
+                                                           '-infinity')))
      ORDER BY d.next_attempt_at, d.id
      LIMIT %(scan)s
        FOR UPDATE OF d SKIP LOCKED
@@ -63,10 +76,14 @@ WITH busy AS (
            AND d.status = 'pending'
            AND d.next_attempt_at <= now()
            AND d.created_at >= l.since
+           AND d.created_at >= coalesce(%(since)s::timestamptz, '-infinity')
+           AND d.created_at <= now()
            AND (s.ordering = 'unordered' OR NOT s.active
                 OR NOT EXISTS (SELECT 1 FROM webhooks.deliveries p
                                 WHERE p.subscription_id = d.subscription_id
-                                  AND p.status = 'pending' AND p.id < d.id))
+                                  AND p.status = 'pending' AND p.id < d.id
+                                  AND p.created_at >= coalesce(%(since)s::timestamptz,
+                                                               '-infinity')))
          ORDER BY d.id
          -- Its room, and its share of the claim when the lane has several queues.
          LIMIT greatest(0, least(
@@ -75,7 +92,8 @@ WITH busy AS (
                    (%(limit)s + cardinality(%(lane_sids)s::bigint[]) - 1)
                        / greatest(1, cardinality(%(lane_sids)s::bigint[]))))
            FOR UPDATE OF d SKIP LOCKED) d
-     WHERE l.sid <> ALL (%(saturated)s::bigint[])
+     WHERE (SELECT ok FROM floor)
+       AND l.sid <> ALL (%(saturated)s::bigint[])
        AND s.owner <> ALL (%(saturated_owners)s::text[])
        -- A queue the oldest-first scan reached is left to it: from both, the claim (which
        -- takes the lane's first) could start a later delivery and leave an earlier one.
@@ -136,6 +154,9 @@ UPDATE webhooks.deliveries d
  -- The array gives each partition a TID scan whatever the join order (as the record's).
  WHERE d.ctid = ANY (ARRAY(SELECT t.tid FROM chosen t))
    AND d.created_at = c.created_at  -- the delivery's partition only
+   -- The partitions the scans above read (the update of each one is set up at the start).
+   AND d.created_at >= coalesce(%(since)s::timestamptz, '-infinity')
+   AND d.created_at <= now()
    AND d.tableoid = c.part AND d.ctid = c.tid
 RETURNING d.id, d.attempts, d.subscription_id, c.owner, c.active, c.target, c.secret,
           c.name AS event, c.body, c.due, d.created_at, c.previous_secret
@@ -152,12 +173,16 @@ RETURNING d.id, d.attempts, d.subscription_id, c.owner, c.active, c.target, c.se
 -- while they have due deliveries. Returns the last subscription walked (where the next
 -- walk starts; 0 when this one reached the end) and, for each queue found, its owner and
 -- its first due delivery's day (where the claim's probe of it starts).
+-- It reads the partitions from the queue's floor, %(since)s (NULL: all of them), as the
+-- claim does; a floor lowered since only hides a queue from this walk, which the claim's
+-- oldest-first scan still reaches.
 WITH RECURSIVE walk (sid, created_at, due, step) AS (
     -- Each step reads the first entry of the pending index after the last subscription:
     -- the next subscription and its oldest pending delivery, which is its head when due.
     (SELECT d.subscription_id, d.created_at, d.next_attempt_at <= now(), 1
        FROM webhooks.deliveries d
       WHERE d.status = 'pending' AND d.subscription_id > %(after)s
+        AND d.created_at >= coalesce(%(since)s::timestamptz, '-infinity')
       ORDER BY d.subscription_id, d.id LIMIT 1)
     UNION ALL
     SELECT n.subscription_id, n.created_at, n.next_attempt_at <= now(), w.step + 1
@@ -166,6 +191,7 @@ WITH RECURSIVE walk (sid, created_at, due, step) AS (
         SELECT d.subscription_id, d.created_at, d.next_attempt_at
           FROM webhooks.deliveries d
          WHERE d.status = 'pending' AND d.subscription_id > w.sid
+           AND d.created_at >= coalesce(%(since)s::timestamptz, '-infinity')
          ORDER BY d.subscription_id, d.id LIMIT 1) n
      WHERE w.step < %(steps)s
 ), heads AS (
@@ -182,6 +208,8 @@ WITH RECURSIVE walk (sid, created_at, due, step) AS (
         SELECT d.created_at FROM webhooks.deliveries d
          WHERE d.subscription_id = w.sid AND d.status = 'pending'
            AND d.next_attempt_at <= now()
+           AND d.created_at >= coalesce(%(since)s::timestamptz, '-infinity')
+           AND d.created_at <= now()
          ORDER BY d.id LIMIT 1) h
      WHERE NOT w.due AND w.sid <> ALL (%(busy)s::bigint[])
 ), taken AS MATERIALIZED (
@@ -205,7 +233,10 @@ SELECT CASE WHEN (SELECT count(*) FROM walk) >= %(steps)s
 -- Seconds until the earliest pending delivery of a subscription and owner not at their
 -- caps comes due (negative when one is due now), or NULL when none is pending.
 -- Parked deliveries (strict ordering's, next_attempt_at 'infinity') are not waited for.
-SELECT extract(epoch FROM min(d.next_attempt_at) - now())::float8 AS wait
+-- It looks at every partition, and returns the queue's floor (sql/partitions.sql; NULL
+-- when there is none) for the claims after it.
+SELECT extract(epoch FROM min(d.next_attempt_at) - now())::float8 AS wait,
+       (SELECT nullif(f.since, '-infinity') FROM webhooks.queue_floor f) AS since
   FROM webhooks.deliveries d
  WHERE d.status = 'pending' AND d.next_attempt_at < 'infinity'
    AND d.subscription_id <> ALL (%(saturated)s::bigint[])
@@ -461,3 +492,8 @@ DELETE FROM webhooks.worker_tasks
 SELECT subscription_id, owner, event, since, queued
   FROM webhooks.lifecycle(make_interval(secs => %(failing_after)s),
                           make_interval(secs => %(disable_after)s))
+
+-- name: refresh_queue_floor --
+-- Raises the queue's floor to what is pending now (sql/partitions.sql), every few seconds
+-- beside the lifecycle round; the claims after it pass it as their `since`.
+SELECT nullif(webhooks.refresh_queue_floor(), '-infinity') AS since

@@ -135,7 +135,7 @@ def test_claim_uses_the_due_index(conn: psycopg.Connection) -> None:
     params = {"limit": 10, "scan": 100, "per_target": 8, "per_owner": 32, "lease": 60.0,
               "busy_ids": [], "busy_counts": [], "saturated": [], "degraded": [],
               "owner_names": ["a"], "owner_counts": [1], "saturated_owners": ["b"],
-              "lane_sids": [], "lane_since": []}
+              "lane_sids": [], "lane_since": [], "since": None}
     with conn.cursor() as cur:
         plan = cur.execute(b"EXPLAIN " + query("claim").encode(), params).fetchall()
     # Each partition's copy of deliveries_due_idx.

@@ -283,7 +283,7 @@ def reads_a_table_whole(plan: str) -> bool:
 CLAIM_ALL = {"limit": 100, "scan": 1000, "per_target": 1000, "per_owner": 1000,
              "lease": 60.0, "busy_ids": [], "busy_counts": [], "saturated": [],
              "degraded": [], "owner_names": [], "owner_counts": [], "saturated_owners": [],
-             "lane_sids": [], "lane_since": []}
+             "lane_sids": [], "lane_since": [], "since": None}
 
 
 def reads_the_newest_days_only(rows: list[tuple[Any, ...]]) -> None:
@@ -333,7 +333,7 @@ def test_claim_list_and_recover_use_their_indexes(seeded: psycopg.Connection) ->
         "limit": 100, "scan": 1000, "per_target": 8, "per_owner": 32, "lease": 60.0,
         "busy_ids": [], "busy_counts": [], "saturated": [], "degraded": [],
         "owner_names": [], "owner_counts": [], "saturated_owners": [],
-        "lane_sids": [], "lane_since": []})
+        "lane_sids": [], "lane_since": [], "since": None})
     assert "due_idx" in claim or "next_attempt_at_id_idx" in claim, claim
     assert not reads_a_table_whole(claim), claim
     sid = conn.execute("SELECT min(id) FROM webhooks.subscriptions").fetchone()
@@ -468,7 +468,7 @@ CLAIM_PARAMS: dict[str, Any] = {
     "limit": 64, "scan": 100, "per_target": 64, "per_owner": 2**31 - 1, "lease": 60.0,
     "busy_ids": "{}", "busy_counts": "{}", "saturated": "{}", "degraded": "{}",
     "owner_names": "{}", "owner_counts": "{}", "saturated_owners": "{}",
-    "lane_sids": "{}", "lane_since": "{}"}
+    "lane_sids": "{}", "lane_since": "{}", "since": None}
 
 
 def prepare(conn: psycopg.Connection, name: str, params: dict[str, Any]) -> str:
