@@ -153,7 +153,6 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_since timestamptz := date_trunc('day', now() - interval '1 day', 'UTC');
-    v_pending boolean;
     p record;
 BEGIN
     PERFORM 1 FROM webhooks.queue_floor f FOR UPDATE;
@@ -165,9 +164,8 @@ BEGIN
               WHERE q.parent = 'deliveries' AND q.lower_bound < v_since
               ORDER BY q.lower_bound
     LOOP
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM webhooks.%I WHERE status = ''pending'')',
-                       p.partition) INTO v_pending;
-        IF v_pending THEN
+        -- Busy with no delivery finished after 'infinity': holding a pending one.
+        IF webhooks.deliveries_partition_busy(p.partition, 'infinity') THEN
             v_since := p.lower_bound;
             EXIT;
         END IF;

@@ -1705,7 +1705,6 @@ CREATE FUNCTION webhooks.refresh_queue_floor() RETURNS timestamp with time zone
     AS $$
 DECLARE
     v_since timestamptz := date_trunc('day', now() - interval '1 day', 'UTC');
-    v_pending boolean;
     p record;
 BEGIN
     PERFORM 1 FROM webhooks.queue_floor f FOR UPDATE;
@@ -1717,9 +1716,8 @@ BEGIN
               WHERE q.parent = 'deliveries' AND q.lower_bound < v_since
               ORDER BY q.lower_bound
     LOOP
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM webhooks.%I WHERE status = ''pending'')',
-                       p.partition) INTO v_pending;
-        IF v_pending THEN
+        -- Busy with no delivery finished after 'infinity': holding a pending one.
+        IF webhooks.deliveries_partition_busy(p.partition, 'infinity') THEN
             v_since := p.lower_bound;
             EXIT;
         END IF;

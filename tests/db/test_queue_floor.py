@@ -12,10 +12,17 @@ from datetime import datetime
 
 import psycopg
 
-from service import db
-from service.store import QUEUE_SETTINGS, Store
+from service.store import Store
 from service.worker.delivery import Claim, claim_params
-from tests.db.test_partitions import CLAIM_ALL, partitions, seed_day, seeded, subscription
+from tests.db.test_partitions import (
+    CLAIM_ALL,
+    partitions,
+    prepare,
+    queue_settings,
+    seed_day,
+    seeded,
+    subscription,
+)
 from tests.support.worker import open_pool, running_worker
 
 __all__ = ["seeded"]  # the fixture, for the plan's test
@@ -115,17 +122,11 @@ def test_the_claim_reads_no_partition_before_the_floor(seeded: psycopg.Connectio
     conn = seeded
     since = refresh(conn)
     assert since == day_start(conn, 1)
-    with conn.transaction(force_rollback=True), conn.cursor() as cur:
-        for name, value in QUEUE_SETTINGS.items():
-            cur.execute("SELECT set_config(%s, %s, true)", (name, value))
-        cur.execute("PREPARE claim_floor AS " + re.sub(
-            r"%\((\w+)\)s", lambda m: f"${list(CLAIM_ALL).index(m.group(1)) + 1}",
-            db.query("claim")))
-        values = ", ".join(psycopg.sql.quote(CLAIM_ALL[n] if n != "since" else since)
-                           for n in CLAIM_ALL)
-        text = "\n".join(r[0] for r in cur.execute(
-            f"EXPLAIN (ANALYZE, COSTS OFF) EXECUTE claim_floor({values})").fetchall())
-        cur.execute("DEALLOCATE claim_floor")
+    queue_settings(conn)
+    claim = prepare(conn, "claim", CLAIM_ALL | {"since": since})
+    with conn.transaction(force_rollback=True):
+        text = "\n".join(r[0] for r in conn.execute(
+            "EXPLAIN (ANALYZE, COSTS OFF) " + claim).fetchall())
     scans = re.findall(r"Scan .*? on (deliveries_p\d+) ", text)
     rows = conn.execute("SELECT partition FROM webhooks.queue_partitions"
                         " WHERE parent = 'deliveries' AND lower_bound < %s", (since,)).fetchall()
