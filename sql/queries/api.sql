@@ -89,13 +89,13 @@ SELECT t.id AS token_id, t.owner, t.tenant, t.token_hash, p.body, p.last_id, p.m
                || ']' AS body,
            max(r.id) FILTER (WHERE r.kept) AS last_id,
            coalesce(bool_or(NOT r.kept), false) AS more
-      -- Both windows share the index's order (owner, id): the rows' bytes so far are
-      -- summed as they are read, with no sort of the page between (summed over their
-      -- row_number in an outer query, the page was sorted again by it first).
+      -- The rows and bytes before each row are counted as they are read, in the index's
+      -- order (owner, id), with no sort of the page between (summed over their
+      -- row_number in an outer query, the page was sorted again by it first), and in one
+      -- window: a row_number() beside the sum took a second pass over the page.
       FROM (SELECT s.id, s.doc,
-                   row_number() OVER w <= %(limit)s
-                   AND coalesce(sum(octet_length(s.doc) + 1) OVER (
-                           w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
+                   count(*) OVER before < %(limit)s
+                   AND coalesce(sum(octet_length(s.doc) + 1) OVER before, 0)
                        <= %(max_bytes)s AS kept
               FROM webhooks.subscriptions s
              WHERE s.owner = t.owner AND s.owner >= t.owner AND s.owner <= t.owner
@@ -103,7 +103,8 @@ SELECT t.id AS token_id, t.owner, t.tenant, t.token_hash, p.body, p.last_id, p.m
                AND s.id > %(after)s
                AND (%(resource)s::text IS NULL OR s.resource = %(resource)s::text)
                AND (%(active)s::boolean IS NULL OR s.active = %(active)s::boolean)
-            WINDOW w AS (ORDER BY s.owner, s.id)
+            WINDOW before AS (ORDER BY s.owner, s.id
+                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
              ORDER BY s.owner, s.id
              LIMIT %(limit)s + 1) r) p
  WHERE t.token_hash = %(token_hash)s AND t.revoked_at IS NULL
