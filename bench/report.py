@@ -98,6 +98,9 @@ def previous_runs(previous: Sequence[dict[str, Any] | None]) -> list[str]:
     return sorted(runs)
 
 
+SERVER_SETTINGS = ("autovacuum", "fsync", "synchronous_commit", "shared_buffers", "max_wal_size")
+
+
 def machine(url: str) -> dict[str, str]:
     """CPU model, cores, memory, PostgreSQL, Python and tool versions of this run."""
     info: dict[str, str] = {"cpu": platform.processor() or platform.machine()}
@@ -120,6 +123,14 @@ def machine(url: str) -> dict[str, str]:
         with psycopg.connect(url, connect_timeout=5) as conn:
             row = conn.execute("SHOW server_version").fetchone()
             info["postgresql"] = str(row[0]) if row else "?"
+            # The server's settings that move the queue's figures: a server shared with a
+            # CI may run without autovacuum (the outbox and queue then keep their dead
+            # rows between the worker's own maintenance) or on another disk setting.
+            rows = conn.execute(
+                "SELECT name, current_setting(name) FROM pg_catalog.pg_settings"
+                " WHERE name = ANY (%s) ORDER BY name", (list(SERVER_SETTINGS),)).fetchall()
+            info["postgresql settings"] = ", ".join(f"{n} {v}" for n, v in rows)
+            info["postgresql server"] = f"{conn.info.host}:{conn.info.port}"
     except psycopg.Error as exc:
         info["postgresql"] = f"unknown ({exc.__class__.__name__})"
     info["python"] = platform.python_version()
