@@ -102,7 +102,8 @@ SERVER_SETTINGS = ("autovacuum", "fsync", "synchronous_commit", "shared_buffers"
 
 
 def machine(url: str) -> dict[str, str]:
-    """CPU model, cores, memory, PostgreSQL, Python and tool versions of this run."""
+    """CPU model, cores, memory, PostgreSQL (its version, server and the settings in
+    SERVER_SETTINGS), Python and tool versions of this run."""
     info: dict[str, str] = {"cpu": platform.processor() or platform.machine()}
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text()
