@@ -366,8 +366,9 @@ class Worker:
             self._start_catch_up()  # a backlog: fanned out beside the loop's claims
         if quiet and not (batch.locked and batch.quiet and batch.created == len(claims)):
             # Something was due after all, caps held some of the batch back, or another
-            # worker fanned out: the claim runs at the next step.
-            self.pacing.ask()
+            # worker fanned out: the claim runs at the next step, and a fan-out that a
+            # notification brings first claims beside it (Pacing.not_quiet).
+            self.pacing.not_quiet()
             return 0.0
         now = loop.time()
         return await self._paced(claims, wanted, now, self._until_fanout(now))

@@ -86,3 +86,19 @@ def test_the_lane_keeps_its_queues_one_per_owner_first() -> None:
     # owner's last ones make room.
     lane.found(found((1000, "small"), (2000, "small")))
     assert sorted(lane.queues) == [*big[:-2], 1000, 2000]
+
+
+def test_a_leasing_fan_out_that_found_work_due_makes_the_next_fan_out_claim() -> None:
+    """A quiet queue's fan-out leases what it makes; when it finds deliveries due that it
+    did not lease, the claim is due and the queue is no longer taken for quiet, so a
+    notification that comes before the next step brings a fan-out with a claim beside it,
+    not another leasing one that finds the same deliveries due and leases nothing."""
+    p = pacing()
+    p.claimed([], 4, 100.0)  # a claim found the queue drained
+    p.next_due(None, 100.0)
+    assert p.quiet(100.1) and p.idle(100.1) is not None
+    p.not_quiet()
+    assert not p.quiet(100.1)
+    assert p.idle(100.1) is None  # the claim is due at once
+    p.claimed([claim(1)], 4, 100.2)  # it claimed what was due, and found no more
+    assert p.quiet(100.2)
