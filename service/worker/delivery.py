@@ -71,6 +71,9 @@ class Claim:
     previous_secret: str | None = field(default=None, repr=False)
     # The delivery's partition key: the recorder finds its row in one partition.
     created_at: datetime | None = None
+    # A strict subscription's: its outcome is recorded at once, since the record unparks
+    # the next delivery (the recorder lets others gather for a moment when few).
+    strict: bool = False
 
 
 @dataclass(frozen=True, slots=True)

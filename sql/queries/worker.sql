@@ -119,7 +119,7 @@ WITH floor AS (
                           ELSE %(per_target)s END
 ), chosen AS MATERIALIZED (
     SELECT c.id, c.created_at, c.part, c.tid, c.due, s.owner, s.active, s.target,
-           s.secret, e.name, e.body,
+           s.secret, s.ordering = 'strict' AS strict, e.name, e.body,
            -- During a rotation's overlap the secret before it signs too.
            CASE WHEN s.previous_secret_expires_at > now() THEN s.previous_secret END
                AS previous_secret
@@ -131,7 +131,7 @@ WITH floor AS (
              ORDER BY lane DESC, due, id
              LIMIT %(limit)s) c
      CROSS JOIN LATERAL (
-        SELECT s.owner, s.active, s.target, s.secret, s.previous_secret,
+        SELECT s.owner, s.active, s.ordering, s.target, s.secret, s.previous_secret,
                s.previous_secret_expires_at
           FROM webhooks.subscriptions s WHERE s.id = c.subscription_id LIMIT 1) s
      -- The event is looked up newest partition first (its key is (id, created_at), so each
@@ -159,7 +159,7 @@ UPDATE webhooks.deliveries d
    AND d.created_at <= now()
    AND d.tableoid = c.part AND d.ctid = c.tid
 RETURNING d.id, d.attempts, d.subscription_id, c.owner, c.active, c.target, c.secret,
-          c.name AS event, c.body, c.due, d.created_at, c.previous_secret
+          c.name AS event, c.body, c.due, d.created_at, c.previous_secret, c.strict
 
 -- name: others_due --
 -- The worker's lane for the queues that the claim's oldest-first scan does not reach: the
