@@ -6,7 +6,7 @@ from typing import TypeVar
 
 from psycopg.rows import class_row
 
-from service.store.base import AsyncQueries
+from service.store.base import AsyncQueries, one_signature
 from service.store.worker import LeaseParams
 
 Batch = TypeVar("Batch")
@@ -28,7 +28,7 @@ class FanoutQueries(AsyncQueries):
 
     async def fanout(self, into: type[Batch], params: FanoutParams) -> Batch | None:
         """Fans out up to `limit` outbox rows in one statement; what it did, as `into`."""
-        return await self._one("fanout", params, row=class_row(into))
+        return await self._one("fanout", one_signature(params), row=class_row(into))
 
     async def reject_first_change(self, *, lock_key: int, reason: str) -> int:
         """Sets the first outbox statement aside whole; the rows it set aside."""

@@ -4,7 +4,7 @@ pool they run on."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import psycopg
@@ -15,7 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 from service.db import conninfo, raw_query
 from service.store.api import ApiQueries
 from service.store.backfill import BackfillQueries
-from service.store.base import Params
+from service.store.base import Params, one_signature
 from service.store.deliveries import DeliveryQueries
 from service.store.errors import translated
 from service.store.fanout import FanoutParams, FanoutQueries
@@ -134,8 +134,10 @@ class Store(Queries):
                 # The pipeline's exit sends the one Sync and reads both results: a sync()
                 # inside the block would cost a second round trip, for the exit's own.
                 async with conn.pipeline():
-                    first = await _execute_named(conn, "fanout", fanout, class_row(batch))
-                    second = await _execute_named(conn, "claim", claim, class_row(claimed))
+                    first = await _execute_named(conn, "fanout", one_signature(fanout),
+                                                 class_row(batch))
+                    second = await _execute_named(conn, "claim", one_signature(claim),
+                                                  class_row(claimed))
                 return await first.fetchall(), await second.fetchall()
 
 
@@ -164,14 +166,18 @@ QUEUE_SETTINGS: dict[str, str] = {
 
 
 def make_pool(url: str, *, min_size: int = 1, max_size: int = 10, name: str = "webhooks",
-              timeout: float = 30.0, settings: dict[str, str] | None = None
+              timeout: float = 30.0, settings: dict[str, str] | None = None,
+              prepare_threshold: int | None = 5,
+              configure: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None = None
               ) -> AsyncConnectionPool:
     """An unopened async pool; the caller opens it (`await pool.open(wait=True)`) and closes it.
 
     Connections are not checked at every checkout: that costs a round trip per query on
     the hot paths. A connection that died (a server restart) fails its next query, is
     discarded by the pool, and the caller's error handling applies: the worker retries,
-    the API answers 503 for that request. `settings` are set on each connection at start.
+    the API answers 503 for that request. `settings` are set on each connection at start;
+    a statement is prepared at its `prepare_threshold`th run on a connection (psycopg's);
+    `configure` runs on each new connection before it is handed out.
     """
     return AsyncConnectionPool(
         conninfo(url, settings),
@@ -180,5 +186,7 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 10, name: str = "w
         open=False,
         name=name,
         timeout=timeout,
-        kwargs={"autocommit": True, "application_name": f"webhooks-{name}"},
+        configure=configure,
+        kwargs={"autocommit": True, "application_name": f"webhooks-{name}",
+                "prepare_threshold": prepare_threshold},
     )

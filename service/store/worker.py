@@ -9,7 +9,7 @@ from typing import Any, TypedDict, TypeVar
 from psycopg import sql
 from psycopg.rows import class_row
 
-from service.store.base import AsyncQueries
+from service.store.base import AsyncQueries, one_signature
 
 Claimed = TypeVar("Claimed")
 
@@ -65,12 +65,12 @@ class WorkerQueries(AsyncQueries):
                     ) -> list[Claimed]:
         """Leases up to `limit` due deliveries below their caps, as `into` (unordered);
         `since`: the queue's floor as last read (None: every partition is read)."""
-        return await self._all("claim", {
+        return await self._all("claim", one_signature({
             "limit": limit, "scan": scan, "per_target": per_target, "per_owner": per_owner,
             "lease": lease, "busy_ids": busy_ids, "busy_counts": busy_counts,
             "saturated": saturated, "degraded": degraded, "owner_names": owner_names,
             "owner_counts": owner_counts, "saturated_owners": saturated_owners,
-            "lane_sids": lane_sids, "lane_since": lane_since, "since": since},
+            "lane_sids": lane_sids, "lane_since": lane_since, "since": since}),
             row=class_row(into))
 
     async def others_due(self, *, after: int, steps: int, take: int, busy: list[int],
@@ -80,8 +80,8 @@ class WorkerQueries(AsyncQueries):
         this worker holds claims of), at most `take` (one per owner first), for the
         claims to take from beside the oldest; `since`: the queue's floor (None: every
         partition is read)."""
-        row = await self._one("others_due", {"after": after, "steps": steps, "take": take,
-                                             "busy": busy, "since": since})
+        row = await self._one("others_due", one_signature({
+            "after": after, "steps": steps, "take": take, "busy": busy, "since": since}))
         assert row is not None
         return {"last": row["last"], "sids": list(row["sids"]),
                 "owners": list(row["owners"]), "created": list(row["created"])}
@@ -116,8 +116,8 @@ class WorkerQueries(AsyncQueries):
 
     async def close_inactive(self, *, subscription_ids: list[int], limit: int) -> int:
         """Closes up to `limit` due deliveries of these subscriptions, if inactive; how many."""
-        return await self._run("close_inactive", {"subscription_ids": subscription_ids,
-                                                  "limit": limit})
+        return await self._run("close_inactive", one_signature({
+            "subscription_ids": subscription_ids, "limit": limit}))
 
     async def release(self, *, ids: list[int], attempts: list[int]) -> None:
         """Gives claimed deliveries back, due now, their attempt not counted."""

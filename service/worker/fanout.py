@@ -14,6 +14,9 @@ log = logging.getLogger("webhooks.fanout")
 
 # Held (per transaction) by the one worker fanning out at a time: see the fanout query.
 FANOUT_LOCK = 0x77686B66  # "whkf"
+# Tried by the fan-out of nothing that prepares a queue connection (Worker.prepare_queue):
+# holding FANOUT_LOCK, it would make another worker's fan-out skip, taking it for the holder.
+PREPARE_LOCK = 0x77686B70  # "whkp"
 
 @dataclass(frozen=True)
 class FanoutBatch:
