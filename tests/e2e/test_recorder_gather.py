@@ -34,6 +34,19 @@ async def claimed(pool: AsyncConnectionPool, conn: psycopg.Connection, rows: int
     return await delivery.claim(store, limit=100, per_target=100, busy={}, lease=60.0, scan=100)
 
 
+async def written_alone(pool: AsyncConnectionPool, outcome: Outcome, *,
+                        gather_for: float) -> None:
+    """Gives a running recorder one outcome; returns once it is written (the test fails
+    if that takes 10 s)."""
+    recorder = Recorder(Store(pool), gather_for=gather_for)
+    run = asyncio.create_task(recorder.run())
+    try:
+        recorder.add(outcome)
+        await poll(lambda: recorder.recorded == 1, what="the outcome written")
+    finally:
+        run.cancel()
+
+
 def recorded(conn: psycopg.Connection) -> int:
     row = conn.execute("SELECT count(*) FROM webhooks.attempts").fetchone()
     assert row is not None
@@ -67,13 +80,7 @@ async def test_a_small_batch_is_written_when_its_window_ends(
     subscribe(conn, "http://t.example/", events=["invoice.create"])
     async with open_pool(db_url) as pool:
         (claim,) = await claimed(pool, conn, 1)
-        recorder = Recorder(Store(pool), gather_for=0.05)
-        run = asyncio.create_task(recorder.run())
-        try:
-            recorder.add(succeeded(db_url, [claim])[0])
-            await poll(lambda: recorder.recorded == 1, what="the outcome written")
-        finally:
-            run.cancel()
+        await written_alone(pool, succeeded(db_url, [claim])[0], gather_for=0.05)
     assert recorded(conn) == 1
 
 
@@ -86,13 +93,7 @@ async def test_a_strict_subscription_s_outcome_is_written_at_once(
     async with open_pool(db_url) as pool:
         (head,) = await claimed(pool, conn, 2)  # the second waits, parked
         assert head.strict
-        recorder = Recorder(Store(pool), gather_for=30.0)
-        run = asyncio.create_task(recorder.run())
-        try:
-            recorder.add(succeeded(db_url, [head])[0])
-            await poll(lambda: recorder.recorded == 1, what="the strict outcome written")
-        finally:
-            run.cancel()
+        await written_alone(pool, succeeded(db_url, [head])[0], gather_for=30.0)
     # Recorded, and the next delivery came due (unparked).
     assert conn.execute(
         "SELECT count(*) FROM webhooks.deliveries WHERE status = 'pending'"
