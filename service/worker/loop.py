@@ -514,10 +514,8 @@ async def open_worker(settings: Settings, *, concurrency: int,
     # The loop's fan-out and claim, the recorder, and the fan-out of a backlog beside the
     # loop: one statement each at a time, each prepared on every connection as it opens
     # (Worker.prepare_queue).
-    queue_ready: list[Worker] = []
-
     async def prepare(conn: psycopg.AsyncConnection[Any]) -> None:
-        await queue_ready[0].prepare_queue(conn)
+        await worker.prepare_queue(conn)  # made below, before the pool opens
 
     queue = make_pool(settings.database_url, min_size=2, max_size=3, name="worker-queue",
                       settings=QUEUE_SETTINGS, prepare_threshold=0, configure=prepare)
@@ -531,7 +529,6 @@ async def open_worker(settings: Settings, *, concurrency: int,
         stack.push_async_callback(session.close)
         worker = Worker(settings, Store(pool), session, concurrency=concurrency,
                         metrics=metrics, queue=Store(queue))
-        queue_ready.append(worker)
         await pool.open(wait=True)
         stack.push_async_callback(pool.close)
         await queue.open(wait=True)

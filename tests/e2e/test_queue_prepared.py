@@ -4,18 +4,20 @@ comes with them prepared and planned (Worker.prepare_queue)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 import psycopg
 from psycopg.adapt import PyFormat, Transformer
 
 from service.store.base import one_signature
+from service.store.worker import ClaimParams
 from service.worker import delivery
 from service.worker.fanout import fanout_params
 from tests.support.worker import running_worker
 
 
-def signature(conn: psycopg.Connection, params: dict[str, object]) -> tuple[int, ...]:
+def signature(conn: psycopg.Connection, params: Mapping[str, object]) -> tuple[int, ...]:
     """The parameter types psycopg sends for `params`, the key it prepares them under."""
     tx = Transformer(conn)
     tx.dump_sequence(list(params.values()), [PyFormat.AUTO] * len(params))
@@ -25,19 +27,18 @@ def signature(conn: psycopg.Connection, params: dict[str, object]) -> tuple[int,
 def test_the_claim_and_the_fan_out_have_one_signature_whatever_their_values(
         conn: psycopg.Connection) -> None:
     def claim(busy: dict[int, int], owners: dict[str, int],
-              since: datetime | None) -> dict[str, object]:
-        return dict(delivery.claim_params(
+              since: datetime | None) -> ClaimParams:
+        return delivery.claim_params(
             limit=100, per_target=4, busy=busy, lease=60.0, scan=100, degraded=list(busy),
             per_owner=8, busy_owners=owners, lane={7: datetime(2026, 1, 1, tzinfo=UTC)},
-            since=since))
+            since=since)
 
     quiet = claim({}, {}, None)
     busy = claim({3: 1, 70_000: 2, 5_000_000_000: 1}, {"acme": 4}, datetime.now(UTC))
     # As psycopg types them, the values change the key: each would be prepared apart.
     assert signature(conn, quiet) != signature(conn, busy)
     assert signature(conn, one_signature(quiet)) == signature(conn, one_signature(busy))
-    fanouts = [one_signature(dict(fanout_params(10, 1 << 20, lease=c)))  # type: ignore[arg-type]
-               for c in (quiet, busy)]
+    fanouts = [one_signature(fanout_params(10, 1 << 20, lease=c)) for c in (quiet, busy)]
     assert signature(conn, fanouts[0]) == signature(conn, fanouts[1])
 
 
