@@ -59,6 +59,9 @@ def throughput(ctx: Context) -> list[Result]:
     httpx_rates = {c: ctx.raw("rate", "--url", ctx.target("raw"), "--lib", "httpx",
                               "--concurrency", str(c), "--duration", seconds)["rate"]
                    for c in ((16,) if ctx.quick else (16, 64))}
+    # The worker's own HTTP client alone, no database: what sending costs of a delivery.
+    curl = ctx.raw("rate", "--url", ctx.target("raw"), "--lib", "curl", "--loop", "uvloop",
+                   "--concurrency", "32", "--duration", seconds)
     with connect(ctx.url) as conn:
         reset_service_state(conn)
         create_table(conn, "thr_rows", attach="thr_rows", pad=PAD)
@@ -83,6 +86,12 @@ def throughput(ctx: Context) -> list[Result]:
                      f"{raw_all}"),
         cpu_result("throughput: worker CPU per delivery", cpu_us, ctx.raw_cpu_us(),
                    f"{count:,} deliveries to {SUBSCRIPTIONS} subscriptions; "),
+        info_result("throughput: the worker's HTTP client alone (reference)", curl["rate"],
+                    limit, "req/s",
+                    f"service.curl (libcurl's multi interface) posting the same body, "
+                    f"uvloop c=32, no database: {curl['cpu_us']:.0f} us CPU/request against "
+                    f"{ctx.raw_cpu_us() or 0:.0f} for the raw aiohttp limit and "
+                    f"{cpu_us:.0f} for the worker's whole delivery"),
         info_result("throughput: raw httpx.AsyncClient (reference)", max(httpx_rates.values()),
                     limit, "req/s", "httpx's own transport: "
                     + ", ".join(f"c={c} {r:,.0f}" for c, r in httpx_rates.items())),

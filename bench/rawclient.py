@@ -55,7 +55,28 @@ async def _httpx_client(url: str, concurrency: int) -> tuple[Post, Callable[[], 
     return post, client.aclose
 
 
-CLIENTS = {"aiohttp": _aiohttp_client, "httpx": _httpx_client}
+async def _curl_client(url: str, concurrency: int) -> tuple[Post, Callable[[], Awaitable[Any]]]:
+    """The worker's own HTTP client (service.curl: libcurl's multi interface), with its
+    guarantees on (limits on the answer, no decompression, the address guard at connect),
+    and the headers a delivery carries besides its signature."""
+    from urllib.parse import urlsplit
+
+    from service.curl import CurlClient
+
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    client = CurlClient(allow_private=True, max_connections=concurrency)
+    headers = [f"{k}: {v}" for k, v in HEADERS.items()]
+
+    async def post() -> None:
+        status, _, _ = await client.post(url, host, port, BODY, headers, 30.0)
+        if status != 200:
+            raise RuntimeError(f"receiver answered {status}")
+
+    return post, client.close
+
+
+CLIENTS = {"aiohttp": _aiohttp_client, "httpx": _httpx_client, "curl": _curl_client}
 
 
 async def rate(url: str, lib: str, concurrency: int, duration: float) -> dict[str, Any]:
