@@ -4,15 +4,19 @@ until autovacuum came."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import psycopg
 import pytest
 
-from service.worker import loop
+from service.worker import loop, pacing
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe
-from tests.support.worker import maintained, poll, running_worker
+from tests.support.worker import add_invoice, maintained, poll, running_worker
 
 ROWS = 300
+VACUUMED_AFTER_LOAD = 20
 
 
 async def test_a_drained_backlog_is_vacuumed(db_url: str, conn: psycopg.Connection,
@@ -33,3 +37,34 @@ async def test_a_drained_backlog_is_vacuumed(db_url: str, conn: psycopg.Connecti
     row = conn.execute("SELECT count(*) FILTER (WHERE status = 'pending'), count(*)"
                        " FROM webhooks.deliveries").fetchone()
     assert row == (0, ROWS)
+
+
+
+async def test_a_steady_load_is_vacuumed_while_it_lasts(
+        db_url: str, conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vacuum starts when a claim, or a quiet queue's leasing fan-out, finds nothing
+    more to claim, whether or not it came back empty. Under a steady load each fresh change
+    is leased by its fan-out and no claim comes back empty for as long as the load lasts:
+    right after a 20,000-event backlog, every fan-out's probe of the due index walked the
+    backlog's entries (7 ms instead of 1) until a lifecycle round's claim came back empty
+    and the partition was vacuumed, 2 to 3 s later."""
+    monkeypatch.setattr(loop, "VACUUM_AFTER", VACUUMED_AFTER_LOAD)
+    # Nothing else asks for a claim while the test runs: no lifecycle round, and no recheck
+    # after a leasing fan-out.
+    monkeypatch.setattr(loop, "lifecycle_interval", lambda settings: 3600.0)
+    monkeypatch.setattr(pacing, "RECHECK_MIN", 3600.0)
+    async with Receiver() as receiver:
+        subscribe(conn, receiver.url)
+        before = maintained(conn, "vacuum_count")
+        async with running_worker(db_url) as worker:
+            # A change every 20 ms until the partition is vacuumed.
+            sent = 0
+            deadline = time.monotonic() + 15
+            while maintained(conn, "vacuum_count") == before:
+                assert time.monotonic() < deadline, "not vacuumed while the load went on"
+                add_invoice(conn, f"L-{sent}")
+                sent += 1
+                await asyncio.sleep(0.02)
+            await receiver.wait_for(lambda r: len(r.deliveries()) == sent, timeout=30)
+            # The load went to the worker leased by its fan-outs, not claimed.
+            assert worker.stats.leased >= VACUUMED_AFTER_LOAD
