@@ -68,10 +68,10 @@ CATCH_UP_RETRY = 0.5
 
 # Attempts recorded after which, once a claim (or a quiet queue's leasing fan-out) finds
 # the queue drained, the deliveries partitions being filled are vacuumed. Each delivery
-# leaves two dead entries in the queue's due index (fan-out's and the claim's), which
-# every claim and every quiet fan-out's probe walks past until autovacuum comes (a minute
-# or more): right after a 20,000-delivery backlog a fresh change's fan-out took 7-9 ms,
-# 1 ms once vacuumed.
+# leaves entries in the queue's due index (its fan-out's and its claim's) that no longer
+# lead to a due delivery, which every claim and every quiet fan-out's probe walks past
+# until a vacuum (autovacuum comes a minute or more later): right after a 20,000-delivery
+# backlog a fresh change's fan-out took 7-9 ms, 1 ms once vacuumed.
 VACUUM_AFTER = 10_000
 # Deliveries of inactive subscriptions closed per statement (Worker._close_inactive).
 CLOSE_BATCH = 5_000
