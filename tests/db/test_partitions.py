@@ -5,6 +5,7 @@ migration 0005 on a populated database, and the plans of the queue's queries."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
 import time
 from collections.abc import Iterator
@@ -183,6 +184,32 @@ async def test_two_pruners_at_once(db_url: str, conn: psycopg.Connection) -> Non
         results = await asyncio.gather(prune(Store(pool), WEEK), prune(Store(pool), WEEK))
     assert sum(results) == 3 * 3
     assert count(conn, "deliveries") == 0
+
+
+async def test_retention_spaces_its_drops(db_url: str, conn: psycopg.Connection,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each partition waits DROP_SPACING times as long as the one before it took (freeing
+    a partition's files holds up the application's commits on the same disk)."""
+    sid = subscription(conn)
+    for days in (12, 11):
+        seed_day(conn, sid, days, 200)
+    monkeypatch.setattr(pruning, "DROP_SPACING", 10.0)
+    steps: list[tuple[float, float]] = []
+    real_drop = pruning._drop
+
+    async def timed_drop(s: Any, part: dict[str, Any], retention: float) -> bool:
+        started = time.monotonic()
+        kept = await real_drop(s, part, retention)
+        steps.append((started, time.monotonic()))
+        return kept
+
+    monkeypatch.setattr(pruning, "_drop", timed_drop)
+    async with open_pool(db_url) as pool:
+        assert await prune(Store(pool), retention=WEEK) == 2 * 3
+    assert count(conn, "deliveries") == 0
+    for (start, end), (after, _) in itertools.pairwise(steps):
+        # The pause is timed around the whole step, the wrapper's own time included.
+        assert after - end >= 0.9 * 10.0 * (end - start), steps
 
 
 def test_deleting_a_subscription_deletes_its_deliveries(conn: psycopg.Connection) -> None:
