@@ -193,15 +193,16 @@ async def test_retention_spaces_its_drops(db_url: str, conn: psycopg.Connection,
     sid = subscription(conn)
     for days in (12, 11):
         seed_day(conn, sid, days, 200)
-    monkeypatch.setattr(pruning, "DROP_SPACING", 10.0)
+    spacing = 10.0
+    monkeypatch.setattr(pruning, "DROP_SPACING", spacing)
     steps: list[tuple[float, float]] = []
     real_drop = pruning._drop
 
     async def timed_drop(s: Any, part: dict[str, Any], retention: float) -> bool:
         started = time.monotonic()
-        kept = await real_drop(s, part, retention)
+        dropped = await real_drop(s, part, retention)
         steps.append((started, time.monotonic()))
-        return kept
+        return dropped
 
     monkeypatch.setattr(pruning, "_drop", timed_drop)
     async with open_pool(db_url) as pool:
@@ -209,7 +210,7 @@ async def test_retention_spaces_its_drops(db_url: str, conn: psycopg.Connection,
     assert count(conn, "deliveries") == 0
     for (start, end), (after, _) in itertools.pairwise(steps):
         # The pause is timed around the whole step, the wrapper's own time included.
-        assert after - end >= 0.9 * 10.0 * (end - start), steps
+        assert after - end >= 0.9 * spacing * (end - start), steps
 
 
 def test_deleting_a_subscription_deletes_its_deliveries(conn: psycopg.Connection) -> None:
