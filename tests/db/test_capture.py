@@ -224,6 +224,24 @@ def test_no_notification_for_a_rolled_back_transaction(db_url: str,
     assert seen == ["webhooks_marker"]
 
 
+
+def test_no_notification_for_a_statement_that_queued_nothing(
+        db_url: str, subscribed: psycopg.Connection) -> None:
+    # The probe finds the event wanted and a worker waiting, but an UPDATE whose rows keep
+    # their captured form queues no change: nothing to wake a worker for.
+    subscribed.execute("INSERT INTO invoices (number, customer, amount) VALUES ('A', 'b', 1)")
+    with psycopg.connect(db_url, autocommit=True) as listener:
+        listener.execute("LISTEN webhooks")
+        listener.execute("LISTEN webhooks_marker")
+        arm(listener)
+        subscribed.execute("UPDATE invoices SET amount = amount")
+        subscribed.execute("UPDATE invoices SET amount = 5 WHERE false")
+        assert notifications_before_marker(listener, subscribed) == ["webhooks_marker"]
+        subscribed.execute("UPDATE invoices SET amount = 5")
+        assert notifications_before_marker(listener, subscribed) == [
+            "webhooks", "webhooks_marker"]
+    assert [r["name"] for r in outbox(subscribed)] == ["invoice.create", "invoice.update"]
+
 def test_changes_from_psql_are_captured(db_url: str, subscribed: psycopg.Connection) -> None:
     subprocess.run(["psql", db_url, "-v", "ON_ERROR_STOP=1", "-q", "-c",
                     "INSERT INTO invoices (number, customer, amount) VALUES ('P', 'psql', 3)"],
