@@ -586,14 +586,7 @@ BEGIN
                                webhooks.row_sql(a));
     -- The one statement that queues a change, from the subquery (%7$s) that gives its
     -- rows: none when they are NULL (a statement that changed no row, or no row whose
-    -- captured form changed). Then a worker is woken only when one waits (the probe read
-    -- webhooks.wakeups), a row was queued and no other open transaction holds the
-    -- wakeup's token (see webhooks.notify_lock_class): commits that NOTIFY serialise on a
-    -- database-wide lock, so a busy system, whose workers poll the outbox anyway, sends
-    -- none, and concurrent writers send one at a time. Postgres folds identical
-    -- notifications of a transaction into one. The test is a plpgsql expression, and the
-    -- NOTIFY runs only when it passes: the insert and the wakeups' read in one statement
-    -- (a CTE) cost each captured statement 5-12 us more of the server's CPU.
+    -- captured form changed).
     v_queue := $q$INSERT INTO webhooks.outbox (hook_resource, name, resource, parent_resource,
                                      include_row, user_setting, role, occurred_at, rows,
                                      tenant_scoped, xid, include_previous)
@@ -602,12 +595,7 @@ BEGIN
                pg_catalog.statement_timestamp(), x.rows, %5$L,
                pg_catalog.pg_current_xact_id(), %6$L
           FROM (%7$s) x
-         WHERE x.rows IS NOT NULL;
-        IF FOUND AND v_waiting
-           AND pg_catalog.pg_try_advisory_xact_lock($q$
-                                   || webhooks.notify_lock_class() || $q$, 0) THEN
-            PERFORM pg_catalog.pg_notify('webhooks', '');
-        END IF;$q$;
+         WHERE x.rows IS NOT NULL;$q$;
     v_body := format($src$
 DECLARE
     -- Held until commit; see webhooks.probe_lock_class.
@@ -652,6 +640,18 @@ BEGIN
         -- changed_rows is NEW TABLE for INSERT, OLD TABLE for DELETE.
         %8$s
     END IF;
+    -- FOUND is the INSERT's (an IF leaves it as it was): a worker is woken only when one
+    -- waits (the probe read webhooks.wakeups), a row was queued and no other open
+    -- transaction holds the wakeup's token (see webhooks.notify_lock_class): commits
+    -- that NOTIFY serialise on a database-wide lock, so a busy system, whose workers
+    -- poll the outbox anyway, sends none, and concurrent writers send one at a time.
+    -- Postgres folds identical notifications of a transaction into one. The test is a
+    -- plpgsql expression, and the NOTIFY runs only when it passes: the insert and the
+    -- wakeups' read in one statement (a CTE) cost each captured statement 5-12 us more
+    -- of the server's CPU.
+    IF FOUND AND v_waiting AND pg_catalog.pg_try_advisory_xact_lock(%12$s, 0) THEN
+        PERFORM pg_catalog.pg_notify('webhooks', '');
+    END IF;
     RETURN NULL;
 END
 $src$,
@@ -682,7 +682,7 @@ $src$,
         format(v_queue, a.hook_resource, a.resource, a.parent_resource, false,
                a.tenant_column IS NOT NULL, false,
                'SELECT ''[[null, null, null, null, null]]''::pg_catalog.json AS rows'),
-        a.noun || '.truncate');
+        a.noun || '.truncate', webhooks.notify_lock_class());
     -- Column names and literals are quoted, but a dollar quote ends at its tag wherever
     -- it appears: pick one the body does not contain.
     WHILE position('$' || v_tag || '$' IN v_body) > 0 LOOP

@@ -224,7 +224,6 @@ def test_no_notification_for_a_rolled_back_transaction(db_url: str,
     assert seen == ["webhooks_marker"]
 
 
-
 def test_no_notification_for_a_statement_that_queued_nothing(
         db_url: str, subscribed: psycopg.Connection) -> None:
     # The probe finds the event wanted and a worker waiting, but an UPDATE whose rows keep
@@ -241,6 +240,7 @@ def test_no_notification_for_a_statement_that_queued_nothing(
         assert notifications_before_marker(listener, subscribed) == [
             "webhooks", "webhooks_marker"]
     assert [r["name"] for r in outbox(subscribed)] == ["invoice.create", "invoice.update"]
+
 
 def test_changes_from_psql_are_captured(db_url: str, subscribed: psycopg.Connection) -> None:
     subprocess.run(["psql", db_url, "-v", "ON_ERROR_STOP=1", "-q", "-c",
