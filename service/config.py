@@ -144,8 +144,11 @@ def postgres_url(name: str, value: str) -> str:
     try:
         conninfo_to_dict(value)
     except Exception as exc:  # psycopg.ProgrammingError: what libpq says is wrong
-        # libpq quotes the URI, which may hold a password.
-        reason = str(exc).strip().replace(value, "...")
+        # libpq quotes the URI, or the fragment it could not read, which may hold the
+        # password or a part of it.
+        from service.logs import password_pieces, scrub
+
+        reason = scrub(str(exc).strip().replace(value, "..."), password_pieces(value))
         raise ConfigError(f"{name} is not a valid PostgreSQL URI: {reason}") from None
     return value
 

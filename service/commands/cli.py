@@ -6,7 +6,9 @@ import argparse
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
+from types import TracebackType
 
 import psycopg
 
@@ -14,7 +16,7 @@ from service import __version__, db
 from service.commands import deliveries
 from service.commands.runner import run_loop
 from service.config import DEFAULT_DATABASE_URL, ConfigError, Settings
-from service.logs import setup_logging
+from service.logs import printable, protect_url, redact, setup_logging
 from service.store import StoreRejected, StoreUnavailable
 
 log = logging.getLogger("webhooks.cli")
@@ -31,7 +33,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     try:
         applied = db.migrate(_settings().database_url)
     except RuntimeError as exc:
-        raise SystemExit(f"webhooks migrate: {exc}") from None
+        raise SystemExit(f"webhooks migrate: {printable(str(exc))}") from None
     except psycopg.OperationalError:
         raise  # cannot reach the database: main says so
     except psycopg.Error as exc:
@@ -109,9 +111,9 @@ def cmd_token(args: argparse.Namespace) -> int:
             try:
                 token_id, token = tokens.create(conn, args.owner, args.tenant)
             except ValueError as exc:
-                raise SystemExit(f"webhooks token create: {exc}") from None
-            scope = f" (tenant {args.tenant})" if args.tenant else ""
-            print(f"created token {token_id} for owner {args.owner}{scope}; "
+                raise SystemExit(f"webhooks token create: {printable(str(exc))}") from None
+            scope = f" (tenant {printable(args.tenant)})" if args.tenant else ""
+            print(f"created token {token_id} for owner {printable(args.owner)}{scope}; "
                   "it is shown only now:")
             print(token)
         elif args.token_command == "list":
@@ -119,7 +121,8 @@ def cmd_token(args: argparse.Namespace) -> int:
             print(f"{'id':>6}  {'owner':<20} {'tenant':<16} {'created':<20} revoked")
             for row in rows:
                 revoked = row["revoked_at"]
-                print(f"{row['id']:>6}  {row['owner']:<20} {row['tenant'] or '-':<16} "
+                print(f"{row['id']:>6}  {printable(str(row['owner'])):<20} "
+                      f"{printable(str(row['tenant'] or '-')):<16} "
                       f"{row['created_at']:%Y-%m-%d %H:%M:%S}  "
                       f"{format(revoked, '%Y-%m-%d %H:%M:%S') if revoked else '-'}")
         else:
@@ -275,11 +278,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `webhooks` console script."""
     args = build_parser().parse_args(argv)
     settings = _settings()
+    # No message, log line or error of this process shows DATABASE_URL's password.
+    protect_url(settings.database_url)
+    sys.excepthook = _scrubbed_traceback
     setup_logging(settings.log_format, settings.log_level)
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130
+    except SystemExit as exc:
+        if isinstance(exc.code, str):
+            raise SystemExit(printable(redact(exc.code))) from None
+        raise
     except (psycopg.OperationalError, StoreUnavailable) as exc:
         print(f"webhooks: cannot reach the database: {one_line(exc)}", file=sys.stderr)
         if "DATABASE_URL" not in os.environ:
@@ -298,5 +308,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def one_line(exc: BaseException) -> str:
-    """The first line of an error's message (libpq adds hints and a LINE/caret excerpt)."""
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    """The first line of an error's message (libpq adds hints and a LINE/caret excerpt),
+    printable: the database's text (a table's name) with its control characters escaped,
+    and no part of the database's password."""
+    return printable(redact((str(exc).strip().splitlines() or [type(exc).__name__])[0]))
+
+
+def _scrubbed_traceback(kind: type[BaseException], exc: BaseException,
+                        tb: TracebackType | None) -> None:
+    """An unexpected error's traceback, as Python prints it, without the database's
+    password and with control characters escaped."""
+    text = "".join(traceback.format_exception(kind, exc, tb))
+    sys.stderr.write("\n".join(printable(redact(line)) for line in text.splitlines()) + "\n")

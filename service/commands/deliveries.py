@@ -15,6 +15,7 @@ import msgspec
 
 from service import db
 from service.config import Settings
+from service.logs import printable, printable_json
 from service.store import StoreRejected, SyncStore
 
 STATUSES = ("pending", "succeeded", "failed")
@@ -36,7 +37,7 @@ def _time(text: str) -> datetime:
 
 def _fail(command: str, exc: StoreRejected) -> int:
     if exc.sqlstate in (UNKNOWN, INACTIVE):
-        message = str(exc).splitlines()[0]
+        message = printable(str(exc).splitlines()[0])
         print(f"webhooks {command}: {message}", file=sys.stderr)
         return 1
     raise exc
@@ -64,7 +65,7 @@ def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
         # A pending delivery with no next attempt waits behind an earlier one (strict).
         shown = "behind an earlier one" if r["status"] == "pending" and then is None \
             else _when(then)
-        print(f"{r['id']:>10}  {r['event']:<24} {r['status']:<10} {r['attempts']:>5} "
+        print(f"{r['id']:>10}  {printable(r['event']):<24} {r['status']:<10} {r['attempts']:>5} "
               f"{last:>4}  {_when(r['created_at']):<19}  {shown}")
     if len(rows) == args.limit:
         print(f"(more may remain: --before {rows[-1]['id']})")
@@ -91,8 +92,10 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
         print(f"webhooks deliveries show: no delivery with id {args.delivery_id}",
               file=sys.stderr)
         return 1
-    # msgspec keeps the payload's text as sent (json would turn 42.00 into 42.0).
-    print(msgspec.json.format(msgspec.json.encode(detail), indent=2).decode())
+    # msgspec keeps the payload's text as sent (json would turn 42.00 into 42.0); control
+    # characters inside its strings are written as \u00XX (PostgreSQL's JSON leaves DEL,
+    # C1 and the Unicode direction marks raw), the same JSON.
+    print(printable_json(msgspec.json.format(msgspec.json.encode(detail), indent=2).decode()))
     return 0
 
 

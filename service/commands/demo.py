@@ -20,9 +20,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
+import msgspec
 from aiohttp import web
 
 from service.config import Settings
+from service.logs import printable, printable_json
 
 
 def _verify(secret: str, body: bytes, headers: dict[str, str]) -> tuple[bool, bool]:
@@ -157,8 +159,14 @@ def _print_deliveries(receiver: DemoReceiver) -> bool:
         print(f"\n--- delivery {number}")
         for name in ("content-type", "user-agent", "webhook-id", "webhook-timestamp",
                      "webhook-signature", "x-hook-signature"):
-            print(f"{name}: {got.get(name, '')}")
-        print(json.dumps(json.loads(body), indent=2))
+            print(f"{name}: {printable(got.get(name, ''))}")
+        # Indented without being parsed: the payload's text as sent (json would print
+        # an amount of 120.00 as 120.0), its control characters escaped.
+        try:
+            shown = msgspec.json.format(body, indent=2).decode()
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            shown = body.decode(errors="replace")
+        print(printable_json(shown))
         print(f"standard webhooks signature: {'verified' if standard else 'INVALID'}; "
               f"X-Hook-Signature: {'verified' if legacy else 'INVALID'}")
     return verified

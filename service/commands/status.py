@@ -11,6 +11,7 @@ import psycopg
 
 from service import db
 from service.config import Settings
+from service.logs import printable, printable_json
 from service.store import SyncStore
 
 
@@ -49,8 +50,27 @@ def _age(seconds: float | None) -> str:
     return f"{seconds:.1f}s"
 
 
+def _count(n: Any, noun: str, plural: str | None = None) -> str:
+    """`1 change`, `2 changes`: the number with its noun, singular or plural."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def printable_data(value: Any) -> Any:
+    """The figures with every text escaped (service.logs.printable): table names, targets,
+    owners and error messages come from the database, and printed raw a control character
+    in one would drive the operator's terminal."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {k: printable_data(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [printable_data(v) for v in value]
+    return value
+
+
 def render(data: dict[str, Any]) -> str:
-    """The figures as a short text report."""
+    """The figures as a short text report, every text from the database escaped."""
+    data = printable_data(data)
     out: list[str] = ["Attached tables"]
     if not data["attachments"]:
         out.append("  none: attach one with SELECT webhooks.attach(...)")
@@ -60,7 +80,7 @@ def render(data: dict[str, Any]) -> str:
                                  (f"tenant={a['tenant_column']}", a["tenant_column"]),
                                  ("previous", a["include_previous"])) if on]
         out.append(f"  {a['table']:<24} {a['noun']}.create/update/delete/truncate{nested}"
-                   f"  ({a['subscriptions']} active subscriptions"
+                   f"  ({_count(a['subscriptions'], 'active subscription')}"
                    f"{', ' + ', '.join(flags) if flags else ''})")
     s, d, h, o = data["subscriptions"], data["deliveries"], data["last_hour"], data["outbox"]
     out += [
@@ -70,8 +90,10 @@ def render(data: dict[str, Any]) -> str:
         f"Deliveries      {d['due']} due, {d['pending']} pending ({d['retrying']} retrying), "
         f"{d['failed']} failed for good",
         f"Oldest pending  {_age(d['oldest_pending_seconds'])}",
-        f"Last hour       {h['attempts']} attempts, {h['failures']} failures",
-        f"Outbox backlog  {o['events']} changes in {o['statements']} statements, "
+        f"Last hour       {_count(h['attempts'], 'attempt')}, "
+        f"{_count(h['failures'], 'failure')}",
+        f"Outbox backlog  {_count(o['events'], 'change')} in "
+        f"{_count(o['statements'], 'statement')}, "
         f"oldest {_age(o['oldest_seconds'])}",
     ]
     parts = data.get("partitions")
@@ -82,7 +104,8 @@ def render(data: dict[str, Any]) -> str:
     if data["failing"]:
         out += ["", "Failing most (last hour)"]
         for f in data["failing"]:
-            out.append(f"  #{f['id']:<6} {f['failures']:>5} failures  last status "
+            out.append(f"  #{f['id']:<6} {f['failures']:>5} "
+                       f"{'failure ' if f['failures'] == 1 else 'failures'}  last status "
                        f"{f['last_status']}  {f['target']}  {f['last_failure'] or ''}")
     lifecycle = data.get("lifecycle")
     if lifecycle is not None:
@@ -117,8 +140,8 @@ def render(data: dict[str, Any]) -> str:
         for b in backfills:
             state = (f"running, last batch {_age(b['idle_seconds'])} ago"
                      if b["status"] == "running" else f"failed: {b['error'] or ''}")
-            out.append(f"  #{b['id']:<6} webhook #{b['subscription_id']}  {b['rows']} rows "
-                       f"queued  {state}  [{b['progress'] or ''}]")
+            out.append(f"  #{b['id']:<6} webhook #{b['subscription_id']}  "
+                       f"{_count(b['rows'], 'row')} queued  {state}  [{b['progress'] or ''}]")
     tasks = data.get("worker_tasks")
     if tasks is not None:
         if not tasks:
@@ -126,7 +149,8 @@ def render(data: dict[str, Any]) -> str:
         else:
             out += ["", "Worker tasks    crashed and restarted (last day)"]
             for t in tasks:
-                out.append(f"  {t['worker']}  {t['task']:<9} {t['restarts']} restarts, last "
+                out.append(f"  {t['worker']}  {t['task']:<9} "
+                           f"{_count(t['restarts'], 'restart')}, last "
                            f"{_age(t['seconds_ago'])} ago: {t['last_error'] or ''}")
     return "\n".join(out)
 
@@ -145,5 +169,7 @@ def print_status(settings: Settings, as_json: bool = False) -> int:
     """Prints the report (or JSON) for the configured database."""
     with db.connect(settings.database_url) as conn:
         data = collect(conn)
-    print(json.dumps(data, default=_json_value, indent=2) if as_json else render(data))
+    # JSON escapes every control character but DEL; printable_json that one too.
+    print(printable_json(json.dumps(data, default=_json_value, indent=2)) if as_json
+          else render(data))
     return 0

@@ -67,7 +67,7 @@ def test_status_figures(conn: psycopg.Connection) -> None:
     assert "Partitions      attempts 3 (from " in text
     assert "1 due, 2 pending (1 retrying), 1 failed for good" in text
     assert "payment.create/update/delete/truncate under invoices" in text
-    assert "Outbox backlog  1 changes in 1 statements" in text
+    assert "Outbox backlog  1 change in 1 statement" in text
     assert "http://a.example/" in text
 
 
