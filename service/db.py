@@ -380,7 +380,10 @@ def regenerate_captures(conn: psycopg.Connection[Any]) -> None:
     for table_oid, table_name in tables:
         try:
             with conn.transaction():
-                conn.execute("SELECT webhooks.install_capture(%s::oid::regclass)", (table_oid,))
+                row = conn.execute("SELECT webhooks.refresh_capture(%s::oid::regclass)",
+                                   (table_oid,)).fetchone()
+            if row and row[0]:
+                log.warning("migrate: table %s was detached: %s", table_name, row[0])
         except psycopg.Error as exc:
             # One broken attachment (a named column dropped where no event trigger could
             # refuse it) must not hold back the upgrade of every other table; its own

@@ -120,7 +120,9 @@ BEGIN
            AND x.noun = ANY (SELECT split_part(e, '.', 1) FROM unnest(s.events) AS e)
          ORDER BY x.resource
     LOOP
-        v_problem := webhooks.backfill_problem(a);
+        -- The table's lock first, then what it is: nothing of it is planned or read
+        -- unless it is still an ordinary table with its key (webhooks.lock_attached).
+        v_problem := coalesce(webhooks.lock_attached(a), webhooks.backfill_problem(a));
         IF v_problem IS NOT NULL THEN
             RAISE EXCEPTION '%', v_problem USING ERRCODE = 'invalid_parameter_value';
         END IF;
@@ -138,6 +140,34 @@ EXCEPTION WHEN unique_violation THEN
     -- Another start for the same subscription committed first (backfills_one_running_idx).
     RAISE EXCEPTION 'a backfill of webhook % is already running', start_backfill.subscription_id
           USING ERRCODE = 'object_in_use';
+END
+$$;
+
+
+-- Before a backfill starts (the API calls it in a transaction of its own, so that what
+-- it finds stays): every table the subscription's events come from is locked and checked
+-- (webhooks.lock_attached); one that is no longer an ordinary table with its key is
+-- forgotten as DROP TABLE would be, and the first such reason is returned. NULL when all
+-- may be read.
+CREATE OR REPLACE FUNCTION webhooks.check_backfill_tables(subscription_id bigint)
+RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    a webhooks.attachments;
+    v_problem text;
+    v_first text;
+BEGIN
+    FOR a IN
+        SELECT x.* FROM webhooks.attachments x
+          JOIN webhooks.subscriptions s ON s.id = check_backfill_tables.subscription_id
+         WHERE x.hook_resource = s.resource
+           AND x.noun = ANY (SELECT split_part(e, '.', 1) FROM unnest(s.events) AS e)
+         ORDER BY x.resource
+    LOOP
+        v_problem := webhooks.lock_attached(a);
+        v_first := coalesce(v_first, v_problem);
+    END LOOP;
+    RETURN v_first;
 END
 $$;
 
@@ -332,7 +362,10 @@ BEGIN
         IF NOT FOUND THEN
             v_problem := format('table %s (resource %s) was detached', t.table_oid, t.resource);
         ELSE
-            v_problem := webhooks.backfill_problem(a);
+            -- Locked, then checked, before anything of it is planned or read; a table
+            -- that is no longer an ordinary one with its key is forgotten as DROP TABLE
+            -- would be (webhooks.lock_attached), and the backfill fails saying why.
+            v_problem := coalesce(webhooks.lock_attached(a), webhooks.backfill_problem(a));
         END IF;
     END IF;
     IF v_problem IS NOT NULL THEN

@@ -116,11 +116,13 @@ BEGIN
     INSERT INTO webhooks.attachments (table_oid, resource, noun, hook_resource, parent_resource,
                                       parent_column, id_column, user_column, tenant_column,
                                       exclude_columns, include_row, public, columns,
-                                      include_previous, key_columns)
+                                      include_previous, key_columns, key_index, row_security)
     VALUES (attach.table_name, attach.resource, attach.noun, v_hook_resource,
             attach.parent_resource, attach.parent_column, attach.id_column, attach.user_column,
             attach.tenant_column, coalesce(attach.exclude_columns, '{}'), attach.include_row,
-            attach.public, attach.columns, attach.include_previous, v_key)
+            attach.public, attach.columns, attach.include_previous, v_key,
+            webhooks.pairing_index(attach.table_name, attach.id_column),
+            (SELECT c.relrowsecurity FROM pg_class c WHERE c.oid = attach.table_name))
     RETURNING * INTO v_new;
     INSERT INTO webhooks.hook_events (resource, event, public, table_oid)
     SELECT v_hook_resource, attach.noun || '.' || verb, attach.public, attach.table_name
@@ -176,7 +178,10 @@ CREATE TABLE webhooks.attachments (
     id bigint NOT NULL,
     columns text[],
     include_previous boolean DEFAULT false NOT NULL,
-    key_columns text[]
+    key_columns text[],
+    key_index regclass,
+    row_security boolean DEFAULT false NOT NULL,
+    ddl_xid xid8
 );
 
 CREATE FUNCTION webhooks.backfill_from(a webhooks.attachments) RETURNS text
@@ -413,7 +418,10 @@ BEGIN
         IF NOT FOUND THEN
             v_problem := format('table %s (resource %s) was detached', t.table_oid, t.resource);
         ELSE
-            v_problem := webhooks.backfill_problem(a);
+            -- Locked, then checked, before anything of it is planned or read; a table
+            -- that is no longer an ordinary one with its key is forgotten as DROP TABLE
+            -- would be (webhooks.lock_attached), and the backfill fails saying why.
+            v_problem := coalesce(webhooks.lock_attached(a), webhooks.backfill_problem(a));
         END IF;
     END IF;
     IF v_problem IS NOT NULL THEN
@@ -553,6 +561,8 @@ DECLARE
     v_join text := '';
     v_key text;
     v_n integer := 0;
+    v_pairs text;
+    v_update text;
 BEGIN
     -- The pairing key's columns as text (their output functions: built in, or written by
     -- a superuser), so that the join runs text equality, never an operator of the
@@ -596,6 +606,81 @@ BEGIN
                pg_catalog.pg_current_xact_id(), %6$L
           FROM (%7$s) x
          WHERE x.rows IS NOT NULL;$q$;
+    -- An UPDATE's rows whose captured form changed, each paired with its old row on the
+    -- key (a merge or hash join: at most one old row per new row, never a loop per id;
+    -- no old row when a key column changed): [resource_id, parent_id, tenant, user, row,
+    -- previous row].
+    v_pairs := format($rows$
+                SELECT n.i, n.p, n.t, n.u, n.r, o.r AS r0, o.i AS i0, o.p AS p0, o.t AS t0,
+                       o.u AS u0, o.e IS NOT NULL AS paired
+                  FROM (SELECT x.*,
+                               pg_catalog.json_build_array(x.i, x.p, x.t, x.u, x.r)
+                                   ::pg_catalog.text AS e
+                          FROM (SELECT %1$s%3$s FROM changed_rows c OFFSET 0) x) n
+                  LEFT JOIN (SELECT x.i, x.p, x.t, x.u, x.r%2$s,
+                                    pg_catalog.json_build_array(x.i, x.p, x.t, x.u, x.r)
+                                        ::pg_catalog.text AS e
+                               FROM (SELECT %1$s%3$s FROM old_rows c OFFSET 0) x) o
+                         ON %4$s
+                 WHERE o.e IS NULL OR NOT (o.e OPERATOR(pg_catalog.=) n.e)$rows$,
+                      v_update_element, v_key_list, v_keys, v_join);
+    IF a.tenant_column IS NULL THEN
+        v_update := format(v_queue, a.hook_resource, a.resource, a.parent_resource,
+                           a.include_row, false, a.include_previous AND a.include_row,
+                           format('SELECT pg_catalog.json_agg(pg_catalog.json_build_array('
+                                  'u.i, u.p, u.t, u.u, u.r, u.r0)) AS rows FROM (%s) u',
+                                  v_pairs));
+    ELSE
+        -- A row whose tenant changed left one tenant and arrived at another: tenant-scoped
+        -- subscriptions get the old tenant's .delete (the row as it was) and the new
+        -- tenant's .create (the row as it is), each its own outbox row with audience
+        -- 'tenanted'; subscriptions without a tenant get the one .update ('untenanted'),
+        -- so no event shows one tenant the other's values. Rows that stayed are queued
+        -- as before. A row whose key changed pairs with no old row and stays an update
+        -- of its new tenant, showing nothing of the old one.
+        v_update := format($moves$INSERT INTO webhooks.outbox (hook_resource, name, resource,
+                                     parent_resource, include_row, user_setting, role,
+                                     occurred_at, rows, tenant_scoped, xid, include_previous,
+                                     audience)
+        SELECT %1$L, x.name, %2$L, %3$L, %4$L,
+               pg_catalog.current_setting('webhooks.user_id', true), session_user,
+               pg_catalog.statement_timestamp(), x.rows, true,
+               pg_catalog.pg_current_xact_id(), %5$L, x.audience
+          FROM (WITH pairs AS (
+                    SELECT u.*, u.paired AND NOT coalesce(u.t OPERATOR(pg_catalog.=) u.t0,
+                                                          u.t IS NULL AND u.t0 IS NULL)
+                               AS moved
+                      FROM (%6$s) u)
+                SELECT 1 AS ord, %7$L::pg_catalog.text AS name,
+                       NULL::pg_catalog.text AS audience,
+                       pg_catalog.json_agg(pg_catalog.json_build_array(p.i, p.p, p.t, p.u,
+                                                                       p.r, p.r0))
+                           FILTER (WHERE NOT p.moved) AS rows
+                  FROM pairs p
+                UNION ALL
+                SELECT 2, %7$L, 'untenanted',
+                       pg_catalog.json_agg(pg_catalog.json_build_array(p.i, p.p, p.t, p.u,
+                                                                       p.r, p.r0))
+                           FILTER (WHERE p.moved)
+                  FROM pairs p
+                UNION ALL
+                SELECT 3, %8$L, 'tenanted',
+                       pg_catalog.json_agg(pg_catalog.json_build_array(p.i0, p.p0, p.t0,
+                                                                       p.u0, p.r0))
+                           FILTER (WHERE p.moved)
+                  FROM pairs p
+                UNION ALL
+                SELECT 4, %9$L, 'tenanted',
+                       pg_catalog.json_agg(pg_catalog.json_build_array(p.i, p.p, p.t, p.u,
+                                                                       p.r))
+                           FILTER (WHERE p.moved)
+                  FROM pairs p) x
+         WHERE x.rows IS NOT NULL
+         ORDER BY x.ord;$moves$,
+            a.hook_resource, a.resource, a.parent_resource, a.include_row,
+            a.include_previous AND a.include_row, v_pairs, a.noun || '.update',
+            a.noun || '.delete', a.noun || '.create');
+    END IF;
     v_body := format($src$
 DECLARE
     -- Held until commit; see webhooks.probe_lock_class.
@@ -617,7 +702,7 @@ BEGIN
        AND a.table_oid OPERATOR(pg_catalog.=) TG_RELID
        AND EXISTS (SELECT 1 FROM webhooks.wanted_events w
                     WHERE w.resource OPERATOR(pg_catalog.=) %7$L
-                      AND w.event OPERATOR(pg_catalog.=) v_name
+                      AND w.event OPERATOR(pg_catalog.=) %13$s
                       AND w.subscriptions OPERATOR(pg_catalog.>) 0);
     IF NOT FOUND THEN
         RETURN NULL;
@@ -663,26 +748,15 @@ $src$,
                a.tenant_column IS NOT NULL, a.include_previous AND a.include_row,
                format('SELECT pg_catalog.json_agg(%s) AS rows FROM changed_rows c',
                       v_element)),
-        format(v_queue, a.hook_resource, a.resource, a.parent_resource, a.include_row,
-               a.tenant_column IS NOT NULL, a.include_previous AND a.include_row,
-               format($rows$
-                SELECT pg_catalog.json_agg(pg_catalog.json_build_array(n.i, n.p, n.t, n.u,
-                                                                       n.r, o.r)) AS rows
-                  FROM (SELECT x.*,
-                               pg_catalog.json_build_array(x.i, x.p, x.t, x.u, x.r)
-                                   ::pg_catalog.text AS e
-                          FROM (SELECT %1$s%3$s FROM changed_rows c OFFSET 0) x) n
-                  LEFT JOIN (SELECT x.r%2$s,
-                                    pg_catalog.json_build_array(x.i, x.p, x.t, x.u, x.r)
-                                        ::pg_catalog.text AS e
-                               FROM (SELECT %1$s%3$s FROM old_rows c OFFSET 0) x) o
-                         ON %4$s
-                 WHERE o.e IS NULL OR NOT (o.e OPERATOR(pg_catalog.=) n.e)$rows$,
-                      v_update_element, v_key_list, v_keys, v_join)),
+        v_update,
         format(v_queue, a.hook_resource, a.resource, a.parent_resource, false,
                a.tenant_column IS NOT NULL, false,
                'SELECT ''[[null, null, null, null, null]]''::pg_catalog.json AS rows'),
-        a.noun || '.truncate', webhooks.notify_lock_class());
+        a.noun || '.truncate', webhooks.notify_lock_class(),
+        CASE WHEN a.tenant_column IS NULL THEN 'v_name'
+             ELSE format('ANY (CASE WHEN TG_OP OPERATOR(pg_catalog.=) ''UPDATE'' '
+                         'THEN ARRAY[%L, %L, %L]::pg_catalog.text[] ELSE ARRAY[v_name] END)',
+                         a.noun || '.update', a.noun || '.create', a.noun || '.delete') END);
     -- Column names and literals are quoted, but a dollar quote ends at its tag wherever
     -- it appears: pick one the body does not contain.
     WHILE position('$' || v_tag || '$' IN v_body) > 0 LOOP
@@ -711,7 +785,9 @@ CREATE TABLE webhooks.outbox (
     rows json NOT NULL,
     tenant_scoped boolean DEFAULT false NOT NULL,
     xid xid8,
-    include_previous boolean DEFAULT false NOT NULL
+    include_previous boolean DEFAULT false NOT NULL,
+    audience text,
+    CONSTRAINT outbox_audience_check CHECK ((audience = ANY (ARRAY['untenanted'::text, 'tenanted'::text])))
 );
 
 CREATE FUNCTION webhooks.change_rows(o webhooks.outbox, careful boolean DEFAULT false) RETURNS TABLE(n bigint, resource_id jsonb, parent_id jsonb, user_id text, tenant_scoped boolean, tenant text, row_data jsonb, problem text, raw json, changed text[], previous jsonb, row_json json, previous_json json)
@@ -775,6 +851,29 @@ CREATE FUNCTION webhooks.changes(o webhooks.outbox, careful boolean DEFAULT fals
     SELECT c.n, c.resource_id, c.parent_id, c.user_id, c.tenant_scoped, c.tenant,
            c.row_data, c.problem, c.raw, c.changed, c.previous
       FROM webhooks.change_rows(o, careful) c
+$$;
+
+CREATE FUNCTION webhooks.check_backfill_tables(subscription_id bigint) RETURNS text
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    a webhooks.attachments;
+    v_problem text;
+    v_first text;
+BEGIN
+    FOR a IN
+        SELECT x.* FROM webhooks.attachments x
+          JOIN webhooks.subscriptions s ON s.id = check_backfill_tables.subscription_id
+         WHERE x.hook_resource = s.resource
+           AND x.noun = ANY (SELECT split_part(e, '.', 1) FROM unnest(s.events) AS e)
+         ORDER BY x.resource
+    LOOP
+        v_problem := webhooks.lock_attached(a);
+        v_first := coalesce(v_first, v_problem);
+    END LOOP;
+    RETURN v_first;
+END
 $$;
 
 CREATE FUNCTION webhooks.close_orphans() RETURNS bigint
@@ -871,6 +970,9 @@ BEGIN
            AND t.tgname IN ('webhooks_1_insert', 'webhooks_2_update', 'webhooks_3_delete',
                             'webhooks_4_truncate')
     LOOP
+        UPDATE webhooks.attachments a SET ddl_xid = pg_current_xact_id()
+         WHERE a.table_oid = drop_capture_triggers.table_name
+           AND a.ddl_xid IS DISTINCT FROM pg_current_xact_id();
         EXECUTE format('DROP TRIGGER %I ON %s', v_trigger, drop_capture_triggers.table_name);
     END LOOP;
 END
@@ -1116,6 +1218,8 @@ DECLARE
     v_column text;
     v_function text;
     v_key text[];
+    v_index regclass;
+    v_problem text;
 BEGIN
     SELECT * INTO a FROM webhooks.attachments x WHERE x.table_oid = install_capture.table_name;
     IF NOT FOUND THEN
@@ -1139,25 +1243,34 @@ BEGIN
         END IF;
     END LOOP;
 
-    -- The pairing key is found again each time, so that it follows the table: a renamed
-    -- key column, a primary key added to a table attached by an earlier version.
-    v_key := webhooks.pairing_key(a.table_oid, a.id_column);
-    IF v_key IS NULL AND a.key_columns IS NOT NULL THEN
-        RAISE EXCEPTION 'webhooks: table % has no primary key or unique index that holds its '
-                        'id column % any more, and its attachment pairs updated rows by it',
-            a.table_oid, quote_ident(a.id_column)
+    -- Still an ordinary table with its key (webhooks.relation_problem): what the DDL guard
+    -- refuses to change, and what was changed where no event trigger could refuse it.
+    v_problem := webhooks.relation_problem(a);
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION 'webhooks: %, and its attachment reads it', v_problem
             USING ERRCODE = 'invalid_table_definition',
-                  HINT = 'Keep a primary key or a unique index (on columns, not partial, not '
-                         'deferrable) that holds the id column, or run webhooks.detach first.';
-    ELSIF v_key IS NULL THEN
+                  HINT = 'An attached table stays an ordinary table (its partitions too), '
+                         'keeps a primary key or a unique index (on columns, not partial, '
+                         'not deferrable) that holds the id column, and its capture '
+                         'triggers; run webhooks.detach first.';
+    END IF;
+    -- The pairing key is found again each time, so that it follows the table: a renamed
+    -- key column, a primary key added to a table attached by an earlier version, an index
+    -- rebuilt by ALTER COLUMN ... TYPE. Its index is recorded for the DDL guard.
+    v_key := webhooks.pairing_key(a.table_oid, a.id_column);
+    v_index := webhooks.pairing_index(a.table_oid, a.id_column);
+    IF v_key IS NULL THEN
         -- Attached by an earlier version, which took a table without such a key: its
         -- updates are paired on the id alone, as they were, until it gets one.
         RAISE WARNING 'webhooks: table % has no primary key or unique index that holds its id '
                       'column %: its updates are paired by the id alone',
             a.table_oid, quote_ident(a.id_column);
-    ELSIF v_key IS DISTINCT FROM a.key_columns THEN
-        UPDATE webhooks.attachments x SET key_columns = v_key WHERE x.id = a.id;
-        a.key_columns := v_key;
+    END IF;
+    IF (v_key, v_index::oid) IS DISTINCT FROM (a.key_columns, a.key_index::oid) THEN
+        UPDATE webhooks.attachments x SET key_columns = coalesce(v_key, x.key_columns),
+                                          key_index = v_index
+         WHERE x.id = a.id;
+        a.key_columns := coalesce(v_key, a.key_columns);
     END IF;
 
     -- Tables attached before TRUNCATE was captured lack its event; every migrate passes
@@ -1428,6 +1541,25 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION webhooks.lock_attached(a webhooks.attachments) RETURNS text
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_problem text;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = a.table_oid) THEN
+        RETURN format('table %s no longer exists', a.table_oid);
+    END IF;
+    EXECUTE format('LOCK TABLE ONLY %s IN ACCESS SHARE MODE', a.table_oid);
+    v_problem := webhooks.relation_problem(a);
+    IF v_problem IS NOT NULL THEN
+        PERFORM webhooks.forget_table(a.table_oid, v_problem);
+    END IF;
+    RETURN v_problem;
+END
+$$;
+
 CREATE FUNCTION webhooks.lower_queue_floor(since timestamp with time zone) RETURNS void
     LANGUAGE sql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1445,15 +1577,68 @@ CREATE FUNCTION webhooks.on_alter_table() RETURNS event_trigger
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_table regclass;
+    a webhooks.attachments;
 BEGIN
-    FOR v_table IN
-        SELECT a.table_oid FROM webhooks.attachments a
-         WHERE a.table_oid = ANY (ARRAY(SELECT c.objid::regclass
-                                           FROM pg_event_trigger_ddl_commands() c
-                                          WHERE c.classid = 'pg_class'::regclass))
+    FOR a IN
+        -- The tables altered, and the partitioned tables they are partitions of (a foreign
+        -- table attached as a partition of an attached table's partition).
+        SELECT x.* FROM webhooks.attachments x
+         WHERE x.table_oid = ANY (ARRAY(
+                   SELECT c.objid::regclass FROM pg_event_trigger_ddl_commands() c
+                    WHERE c.classid = 'pg_class'::regclass
+                   UNION
+                   SELECT p.relid FROM pg_event_trigger_ddl_commands() c
+                    CROSS JOIN LATERAL pg_partition_ancestors(c.objid::regclass) p
+                    WHERE c.classid = 'pg_class'::regclass
+                      AND (SELECT k.relispartition FROM pg_class k WHERE k.oid = c.objid)))
     LOOP
-        PERFORM webhooks.install_capture(v_table);
+        IF NOT a.row_security
+           AND (SELECT k.relrowsecurity FROM pg_class k WHERE k.oid = a.table_oid) THEN
+            RAISE EXCEPTION 'webhooks: table % is attached, and row-level security on it would '
+                            'run its policies where the service reads it', a.table_oid
+                USING ERRCODE = 'invalid_table_definition',
+                      HINT = 'Run webhooks.detach first, then attach it again.';
+        END IF;
+        PERFORM webhooks.install_capture(a.table_oid);
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION webhooks.on_ddl_guard() RETURNS event_trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT c.command_tag, c.object_identity, a.table_oid, a.key_columns
+          FROM pg_event_trigger_ddl_commands() c
+          JOIN webhooks.attachments a
+            ON a.table_oid = ANY (ARRAY(
+                   SELECT x.ev_class FROM pg_rewrite x
+                    WHERE c.classid = 'pg_rewrite'::regclass AND x.oid = c.objid
+                   UNION ALL
+                   SELECT x.polrelid FROM pg_policy x
+                    WHERE c.classid = 'pg_policy'::regclass AND x.oid = c.objid
+                   UNION ALL
+                   SELECT x.tgrelid FROM pg_trigger x
+                    WHERE c.classid = 'pg_trigger'::regclass AND x.oid = c.objid
+                   UNION ALL
+                   SELECT p.relid FROM pg_partition_ancestors(c.objid::regclass) p
+                    WHERE c.classid = 'pg_class'::regclass
+                      AND c.command_tag = 'CREATE FOREIGN TABLE'))
+    LOOP
+        CONTINUE WHEN r.command_tag = 'ALTER TRIGGER'
+                  AND (SELECT count(*) FROM pg_trigger t
+                        WHERE t.tgrelid = r.table_oid
+                          AND t.tgname IN ('webhooks_1_insert', 'webhooks_2_update',
+                                           'webhooks_3_delete', 'webhooks_4_truncate')) = 4;
+        RAISE EXCEPTION 'webhooks: table % is attached: % (%) is refused, since it would '
+                        'change what reading the table runs or how its rows pair',
+            r.table_oid, r.command_tag, r.object_identity
+            USING ERRCODE = 'invalid_table_definition',
+                  HINT = 'Run webhooks.detach first (and webhooks.attach again after).';
     END LOOP;
 END
 $$;
@@ -1479,6 +1664,50 @@ BEGIN
         -- As webhooks.detach, naming the table by the name it had.
         PERFORM webhooks.forget_table(r.table_oid,
                                       format('table %s was dropped', r.object_identity));
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION webhooks.on_drop_guard() RETURNS event_trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    r record;
+    v_index regclass;
+BEGIN
+    FOR r IN
+        SELECT d.object_type, d.object_identity, a.*
+          FROM pg_event_trigger_dropped_objects() d
+          JOIN webhooks.attachments a
+            ON (d.object_type = 'trigger'
+                AND d.address_names[3] IN ('webhooks_1_insert', 'webhooks_2_update',
+                                           'webhooks_3_delete', 'webhooks_4_truncate')
+                AND a.table_oid = to_regclass(quote_ident(d.address_names[1]) || '.'
+                                              || quote_ident(d.address_names[2]))
+                AND a.ddl_xid IS DISTINCT FROM pg_current_xact_id())
+            OR (d.object_type = 'index' AND d.objid = a.key_index::oid)
+         WHERE NOT EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() t
+                            WHERE t.classid = 'pg_class'::regclass AND t.objsubid = 0
+                              AND t.objid = a.table_oid::oid)
+    LOOP
+        IF r.object_type = 'index' THEN
+            -- A column dropped with it: webhooks.install_capture judges that at the
+            -- statement's end (a named column, or the key, gone is refused there).
+            CONTINUE WHEN EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() t
+                                   WHERE t.object_type = 'table column'
+                                     AND t.objid = r.table_oid::oid);
+            v_index := webhooks.pairing_index(r.table_oid, r.id_column);
+            CONTINUE WHEN (SELECT x.xmin::text = (pg_current_xact_id()::xid)::text
+                             FROM pg_class x WHERE x.oid = v_index);
+        END IF;
+        RAISE EXCEPTION 'webhooks: table % is attached: dropping % % is refused, since it '
+                        'would change what reading the table runs or how its rows pair',
+            r.table_oid, r.object_type, r.object_identity
+            USING ERRCODE = 'invalid_table_definition',
+                  HINT = 'Run webhooks.detach first (and webhooks.attach again after); a '
+                         'primary key may be replaced in the statement or transaction that '
+                         'drops it.';
     END LOOP;
 END
 $$;
@@ -1516,6 +1745,24 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION webhooks.pairing_index(table_name regclass, id_column text) RETURNS regclass
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT i.indexrelid::regclass
+      FROM pg_index i
+      JOIN pg_class x ON x.oid = i.indexrelid
+     WHERE i.indrelid = pairing_index.table_name
+       AND i.indisunique AND i.indisvalid AND i.indimmediate
+       AND i.indpred IS NULL AND i.indexprs IS NULL
+       AND EXISTS (SELECT 1 FROM generate_series(0, i.indnkeyatts - 1) AS k (n)
+                     JOIN pg_attribute a ON a.attrelid = i.indrelid
+                                        AND a.attnum = i.indkey[k.n]
+                    WHERE a.attname = pairing_index.id_column)
+     ORDER BY i.indisprimary DESC, i.indnkeyatts, x.relname
+     LIMIT 1
+$$;
+
 CREATE FUNCTION webhooks.pairing_key(table_name regclass, id_column text) RETURNS text[]
     LANGUAGE sql STABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1524,16 +1771,8 @@ CREATE FUNCTION webhooks.pairing_key(table_name regclass, id_column text) RETURN
               FROM generate_series(0, i.indnkeyatts - 1) AS k (n)
               JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[k.n])
       FROM pg_index i
-      JOIN pg_class x ON x.oid = i.indexrelid
-     WHERE i.indrelid = pairing_key.table_name
-       AND i.indisunique AND i.indisvalid AND i.indimmediate
-       AND i.indpred IS NULL AND i.indexprs IS NULL
-       AND EXISTS (SELECT 1 FROM generate_series(0, i.indnkeyatts - 1) AS k (n)
-                     JOIN pg_attribute a ON a.attrelid = i.indrelid
-                                        AND a.attnum = i.indkey[k.n]
-                    WHERE a.attname = pairing_key.id_column)
-     ORDER BY i.indisprimary DESC, i.indnkeyatts, x.relname
-     LIMIT 1
+     WHERE i.indexrelid = webhooks.pairing_index(pairing_key.table_name,
+                                                 pairing_key.id_column)
 $$;
 
 CREATE FUNCTION webhooks.park_held(subscription_id bigint, from_id bigint) RETURNS bigint
@@ -1700,6 +1939,28 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION webhooks.refresh_capture(table_name regclass) RETURNS text
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    a webhooks.attachments;
+    v_problem text;
+BEGIN
+    SELECT * INTO a FROM webhooks.attachments x WHERE x.table_oid = refresh_capture.table_name;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    v_problem := webhooks.relation_problem(a);
+    IF v_problem IS NOT NULL THEN
+        PERFORM webhooks.forget_table(a.table_oid, v_problem);
+        RETURN v_problem;
+    END IF;
+    PERFORM webhooks.install_capture(a.table_oid);
+    RETURN NULL;
+END
+$$;
+
 CREATE FUNCTION webhooks.refresh_queue_floor() RETURNS timestamp with time zone
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -1725,6 +1986,43 @@ BEGIN
     END LOOP;
     UPDATE webhooks.queue_floor f SET since = v_since WHERE f.since IS DISTINCT FROM v_since;
     RETURN v_since;
+END
+$$;
+
+CREATE FUNCTION webhooks.relation_problem(a webhooks.attachments) RETURNS text
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_kind "char";
+    v_part regclass;
+BEGIN
+    SELECT c.relkind INTO v_kind FROM pg_class c WHERE c.oid = a.table_oid;
+    IF NOT FOUND THEN
+        RETURN format('table %s no longer exists', a.table_oid);
+    ELSIF v_kind NOT IN ('r', 'p') THEN
+        RETURN format('%s is no longer a table (it is %s): the service reads nothing of it',
+                      a.table_oid,
+                      CASE v_kind WHEN 'v' THEN 'a view' WHEN 'm' THEN 'a materialized view'
+                                  WHEN 'f' THEN 'a foreign table' ELSE 'not a table' END);
+    END IF;
+    IF v_kind = 'p' THEN
+        SELECT t.relid INTO v_part FROM pg_partition_tree(a.table_oid) t
+          JOIN pg_class c ON c.oid = t.relid
+         WHERE c.relkind NOT IN ('r', 'p')
+         LIMIT 1;
+        IF FOUND THEN
+            RETURN format('partition %s of table %s is not an ordinary table (a foreign '
+                          'table reads through its server): the service reads nothing of it',
+                          v_part, a.table_oid);
+        END IF;
+    END IF;
+    IF a.key_columns IS NOT NULL
+       AND webhooks.pairing_key(a.table_oid, a.id_column) IS NULL THEN
+        RETURN format('table %s has no primary key or unique index that holds its id column '
+                      '%I any more', a.table_oid, a.id_column);
+    END IF;
+    RETURN NULL;
 END
 $$;
 
@@ -1886,7 +2184,9 @@ BEGIN
            AND x.noun = ANY (SELECT split_part(e, '.', 1) FROM unnest(s.events) AS e)
          ORDER BY x.resource
     LOOP
-        v_problem := webhooks.backfill_problem(a);
+        -- The table's lock first, then what it is: nothing of it is planned or read
+        -- unless it is still an ordinary table with its key (webhooks.lock_attached).
+        v_problem := coalesce(webhooks.lock_attached(a), webhooks.backfill_problem(a));
         IF v_problem IS NOT NULL THEN
             RAISE EXCEPTION '%', v_problem USING ERRCODE = 'invalid_parameter_value';
         END IF;
@@ -2472,6 +2772,8 @@ REVOKE ALL ON FUNCTION webhooks.change_rows(o webhooks.outbox, careful boolean) 
 
 REVOKE ALL ON FUNCTION webhooks.changes(o webhooks.outbox, careful boolean) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION webhooks.check_backfill_tables(subscription_id bigint) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION webhooks.close_orphans() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.column_sql(table_name regclass, name text, as_text boolean) FROM PUBLIC;
@@ -2518,17 +2820,25 @@ REVOKE ALL ON FUNCTION webhooks.lifecycle(failing_after interval, disable_after 
 
 REVOKE ALL ON FUNCTION webhooks.lifecycle_event(subject webhooks.subscriptions, event_name text) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION webhooks.lock_attached(a webhooks.attachments) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION webhooks.lower_queue_floor(since timestamp with time zone) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.notify_lock_class() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.on_alter_table() FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION webhooks.on_ddl_guard() FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION webhooks.on_drop() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION webhooks.on_drop_guard() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.ordered_json(value json) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.output_settings(typ oid, as_json boolean) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION webhooks.pairing_index(table_name regclass, id_column text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.pairing_key(table_name regclass, id_column text) FROM PUBLIC;
 
@@ -2544,7 +2854,11 @@ REVOKE ALL ON FUNCTION webhooks.recover(subscription_id bigint, since timestamp 
 
 REVOKE ALL ON FUNCTION webhooks.redeliver(delivery_id bigint) FROM PUBLIC;
 
+REVOKE ALL ON FUNCTION webhooks.refresh_capture(table_name regclass) FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION webhooks.refresh_queue_floor() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION webhooks.relation_problem(a webhooks.attachments) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.row_columns(a webhooks.attachments) FROM PUBLIC;
 

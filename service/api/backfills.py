@@ -117,6 +117,11 @@ async def start_backfill(webhook_id: IdPath, request: Request[Any, Any, Any],
     for name in body:
         raise ApiError(400, f"unknown field {shown(name)}: a backfill takes no options, "
                             "send {}")
+    # A table turned into something else (a view, a foreign partition, no key) since it
+    # was attached is forgotten here, in a transaction of its own, and nothing is read.
+    problem = await store.unreadable_table(subscription_id=sub["id"])
+    if problem is not None:
+        raise ApiError(400, f"cannot backfill: {problem}; the table was detached")
     try:
         row = await store.start_backfill(subscription_id=sub["id"],
                                          max_per_owner=settings.max_backfills_per_owner)

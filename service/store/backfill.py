@@ -20,6 +20,12 @@ class BackfillQueries(AsyncQueries):
         return await self._one("backfill_start", {"subscription_id": subscription_id,
                                                   "max_per_owner": max_per_owner})
 
+    async def unreadable_table(self, *, subscription_id: int) -> str | None:
+        """Why a table of the subscription's events may not be read any more (it is then
+        forgotten, as DROP TABLE would forget it), or None; in a transaction of its own."""
+        row = await self._one("backfill_check_tables", {"subscription_id": subscription_id})
+        return None if row is None else row["problem"]
+
     async def get_backfill(self, *, id: int, subscription_id: int) -> dict[str, Any] | None:
         """One backfill of the subscription ({"body"}), or None."""
         return await self._one("backfill_get", {"id": id, "subscription_id": subscription_id})

@@ -8,6 +8,11 @@
 -- backfills as it may.
 SELECT webhooks.start_backfill(%(subscription_id)s, %(max_per_owner)s) AS id
 
+-- name: backfill_check_tables --
+-- sql/backfill.sql: forgets the subscription's tables that are no longer ordinary tables
+-- with their key; the first reason, or NULL.
+SELECT webhooks.check_backfill_tables(%(subscription_id)s) AS problem
+
 -- name: backfill_get --
 -- One backfill of the subscription, as the API shows it.
 SELECT webhooks.backfill_json(b)::text AS body

@@ -54,11 +54,11 @@ WITH lock AS (
     -- work_mem: about 4,000 changes).
     SELECT nextval('webhooks.event_ids'::regclass) AS event_id, ordered.hook_resource,
            ordered.name, ordered.resource, ordered.parent_resource, ordered.occurred_at,
-           ordered.xid, ordered.resource_id, ordered.parent_id, ordered.user_id,
+           ordered.xid, ordered.audience, ordered.resource_id, ordered.parent_id, ordered.user_id,
            ordered.tenant_scoped, ordered.tenant, ordered.row_data, ordered.problem,
            ordered.raw, ordered.changed, ordered.row_json, ordered.previous_json
       FROM (SELECT (b.o).hook_resource, (b.o).name, (b.o).resource, (b.o).parent_resource,
-                   (b.o).occurred_at, (b.o).xid, c.*
+                   (b.o).occurred_at, (b.o).xid, (b.o).audience, c.*
               FROM (SELECT bb.id, bb.o FROM batch bb ORDER BY bb.id) b
              CROSS JOIN LATERAL webhooks.change_rows(b.o, %(careful)s) c
              ORDER BY b.id, c.n) ordered
@@ -74,7 +74,10 @@ WITH lock AS (
 ), matched AS (
     -- Active subscriptions that want the event, by index on (resource, event, tenant),
     -- in three arms so each is an index lookup: subscriptions without a tenant, those of
-    -- the change's tenant, and every tenant's when the table has no tenant column.
+    -- the change's tenant, and every tenant's when the table has no tenant column. A row
+    -- that moved between tenants came as an .update for subscriptions without a tenant
+    -- (audience 'untenanted') and as the old tenant's .delete and the new tenant's
+    -- .create for tenant-scoped ones ('tenanted': sql/triggers/capture.sql).
     -- The arms are a lookup per change (the OFFSET 0 keeps them one): joined as a whole,
     -- the generic plan hashed every subscription of every resource for each batch (3 ms
     -- per fan-out beside 3,000 subscriptions of another resource).
@@ -90,11 +93,13 @@ WITH lock AS (
         SELECT se.subscription_id, se.active_since, se.filtered
           FROM webhooks.subscription_events se
          WHERE se.resource = ch.hook_resource AND se.event = ch.name AND se.tenant IS NULL
+           AND ch.audience IS DISTINCT FROM 'tenanted'
         UNION ALL
         SELECT se.subscription_id, se.active_since, se.filtered
           FROM webhooks.subscription_events se
          WHERE se.resource = ch.hook_resource AND se.event = ch.name
            AND se.tenant = ch.tenant AND ch.tenant_scoped
+           AND ch.audience IS DISTINCT FROM 'untenanted'
         UNION ALL
         SELECT se.subscription_id, se.active_since, se.filtered
           FROM webhooks.subscription_events se

@@ -148,11 +148,30 @@ END
 $$;
 
 
--- The columns an UPDATE's new rows are paired with their old rows on: the table's primary
+-- The index an UPDATE's new rows are paired with their old rows by: the table's primary
 -- key if it holds `id_column`, else the unique index holding it with the fewest columns
 -- (then the first by name); NULL when there is none. Only an index that makes those
 -- columns unique at the end of every statement counts: valid, not partial, no expression,
--- not deferrable. Its columns in index order; INCLUDE columns are not part of it.
+-- not deferrable.
+CREATE OR REPLACE FUNCTION webhooks.pairing_index(table_name regclass, id_column text)
+RETURNS regclass
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT i.indexrelid::regclass
+      FROM pg_index i
+      JOIN pg_class x ON x.oid = i.indexrelid
+     WHERE i.indrelid = pairing_index.table_name
+       AND i.indisunique AND i.indisvalid AND i.indimmediate
+       AND i.indpred IS NULL AND i.indexprs IS NULL
+       AND EXISTS (SELECT 1 FROM generate_series(0, i.indnkeyatts - 1) AS k (n)
+                     JOIN pg_attribute a ON a.attrelid = i.indrelid
+                                        AND a.attnum = i.indkey[k.n]
+                    WHERE a.attname = pairing_index.id_column)
+     ORDER BY i.indisprimary DESC, i.indnkeyatts, x.relname
+     LIMIT 1
+$$;
+
+-- The columns of that index (webhooks.pairing_index), in index order; INCLUDE columns are
+-- not part of it. NULL when there is none.
 CREATE OR REPLACE FUNCTION webhooks.pairing_key(table_name regclass, id_column text)
 RETURNS text[]
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
@@ -160,16 +179,51 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
               FROM generate_series(0, i.indnkeyatts - 1) AS k (n)
               JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[k.n])
       FROM pg_index i
-      JOIN pg_class x ON x.oid = i.indexrelid
-     WHERE i.indrelid = pairing_key.table_name
-       AND i.indisunique AND i.indisvalid AND i.indimmediate
-       AND i.indpred IS NULL AND i.indexprs IS NULL
-       AND EXISTS (SELECT 1 FROM generate_series(0, i.indnkeyatts - 1) AS k (n)
-                     JOIN pg_attribute a ON a.attrelid = i.indrelid
-                                        AND a.attnum = i.indkey[k.n]
-                    WHERE a.attname = pairing_key.id_column)
-     ORDER BY i.indisprimary DESC, i.indnkeyatts, x.relname
-     LIMIT 1
+     WHERE i.indexrelid = webhooks.pairing_index(pairing_key.table_name,
+                                                 pairing_key.id_column)
+$$;
+
+
+-- Why the attachment's table may not be read or captured any more, or NULL when it may:
+-- it must still be an ordinary or partitioned table (a table turned into a view, by a
+-- rule on PostgreSQL 15 and older, would run its owner's query with the reader's
+-- rights), every partition an ordinary table (a foreign table reads through its
+-- server), and it must still hold the key its updates pair on. Every read of an attached
+-- table checks it in the transaction that reads, after taking the table's lock
+-- (webhooks.lock_attached), and the DDL guard after each statement on it.
+CREATE OR REPLACE FUNCTION webhooks.relation_problem(a webhooks.attachments) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_kind "char";
+    v_part regclass;
+BEGIN
+    SELECT c.relkind INTO v_kind FROM pg_class c WHERE c.oid = a.table_oid;
+    IF NOT FOUND THEN
+        RETURN format('table %s no longer exists', a.table_oid);
+    ELSIF v_kind NOT IN ('r', 'p') THEN
+        RETURN format('%s is no longer a table (it is %s): the service reads nothing of it',
+                      a.table_oid,
+                      CASE v_kind WHEN 'v' THEN 'a view' WHEN 'm' THEN 'a materialized view'
+                                  WHEN 'f' THEN 'a foreign table' ELSE 'not a table' END);
+    END IF;
+    IF v_kind = 'p' THEN
+        SELECT t.relid INTO v_part FROM pg_partition_tree(a.table_oid) t
+          JOIN pg_class c ON c.oid = t.relid
+         WHERE c.relkind NOT IN ('r', 'p')
+         LIMIT 1;
+        IF FOUND THEN
+            RETURN format('partition %s of table %s is not an ordinary table (a foreign '
+                          'table reads through its server): the service reads nothing of it',
+                          v_part, a.table_oid);
+        END IF;
+    END IF;
+    IF a.key_columns IS NOT NULL
+       AND webhooks.pairing_key(a.table_oid, a.id_column) IS NULL THEN
+        RETURN format('table %s has no primary key or unique index that holds its id column '
+                      '%I any more', a.table_oid, a.id_column);
+    END IF;
+    RETURN NULL;
+END
 $$;
 
 
@@ -263,6 +317,8 @@ DECLARE
     v_join text := '';
     v_key text;
     v_n integer := 0;
+    v_pairs text;
+    v_update text;
 BEGIN
     -- The pairing key's columns as text (their output functions: built in, or written by
     -- a superuser), so that the join runs text equality, never an operator of the
@@ -306,6 +362,81 @@ BEGIN
                pg_catalog.pg_current_xact_id(), %6$L
           FROM (%7$s) x
          WHERE x.rows IS NOT NULL;$q$;
+    -- An UPDATE's rows whose captured form changed, each paired with its old row on the
+    -- key (a merge or hash join: at most one old row per new row, never a loop per id;
+    -- no old row when a key column changed): [resource_id, parent_id, tenant, user, row,
+    -- previous row].
+    v_pairs := format($rows$
+                SELECT n.i, n.p, n.t, n.u, n.r, o.r AS r0, o.i AS i0, o.p AS p0, o.t AS t0,
+                       o.u AS u0, o.e IS NOT NULL AS paired
+                  FROM (SELECT x.*,
+                               pg_catalog.json_build_array(x.i, x.p, x.t, x.u, x.r)
+                                   ::pg_catalog.text AS e
+                          FROM (SELECT %1$s%3$s FROM changed_rows c OFFSET 0) x) n
+                  LEFT JOIN (SELECT x.i, x.p, x.t, x.u, x.r%2$s,
+                                    pg_catalog.json_build_array(x.i, x.p, x.t, x.u, x.r)
+                                        ::pg_catalog.text AS e
+                               FROM (SELECT %1$s%3$s FROM old_rows c OFFSET 0) x) o
+                         ON %4$s
+                 WHERE o.e IS NULL OR NOT (o.e OPERATOR(pg_catalog.=) n.e)$rows$,
+                      v_update_element, v_key_list, v_keys, v_join);
+    IF a.tenant_column IS NULL THEN
+        v_update := format(v_queue, a.hook_resource, a.resource, a.parent_resource,
+                           a.include_row, false, a.include_previous AND a.include_row,
+                           format('SELECT pg_catalog.json_agg(pg_catalog.json_build_array('
+                                  'u.i, u.p, u.t, u.u, u.r, u.r0)) AS rows FROM (%s) u',
+                                  v_pairs));
+    ELSE
+        -- A row whose tenant changed left one tenant and arrived at another: tenant-scoped
+        -- subscriptions get the old tenant's .delete (the row as it was) and the new
+        -- tenant's .create (the row as it is), each its own outbox row with audience
+        -- 'tenanted'; subscriptions without a tenant get the one .update ('untenanted'),
+        -- so no event shows one tenant the other's values. Rows that stayed are queued
+        -- as before. A row whose key changed pairs with no old row and stays an update
+        -- of its new tenant, showing nothing of the old one.
+        v_update := format($moves$INSERT INTO webhooks.outbox (hook_resource, name, resource,
+                                     parent_resource, include_row, user_setting, role,
+                                     occurred_at, rows, tenant_scoped, xid, include_previous,
+                                     audience)
+        SELECT %1$L, x.name, %2$L, %3$L, %4$L,
+               pg_catalog.current_setting('webhooks.user_id', true), session_user,
+               pg_catalog.statement_timestamp(), x.rows, true,
+               pg_catalog.pg_current_xact_id(), %5$L, x.audience
+          FROM (WITH pairs AS (
+                    SELECT u.*, u.paired AND NOT coalesce(u.t OPERATOR(pg_catalog.=) u.t0,
+                                                          u.t IS NULL AND u.t0 IS NULL)
+                               AS moved
+                      FROM (%6$s) u)
+                SELECT 1 AS ord, %7$L::pg_catalog.text AS name,
+                       NULL::pg_catalog.text AS audience,
+                       pg_catalog.json_agg(pg_catalog.json_build_array(p.i, p.p, p.t, p.u,
+                                                                       p.r, p.r0))
+                           FILTER (WHERE NOT p.moved) AS rows
+                  FROM pairs p
+                UNION ALL
+                SELECT 2, %7$L, 'untenanted',
+                       pg_catalog.json_agg(pg_catalog.json_build_array(p.i, p.p, p.t, p.u,
+                                                                       p.r, p.r0))
+                           FILTER (WHERE p.moved)
+                  FROM pairs p
+                UNION ALL
+                SELECT 3, %8$L, 'tenanted',
+                       pg_catalog.json_agg(pg_catalog.json_build_array(p.i0, p.p0, p.t0,
+                                                                       p.u0, p.r0))
+                           FILTER (WHERE p.moved)
+                  FROM pairs p
+                UNION ALL
+                SELECT 4, %9$L, 'tenanted',
+                       pg_catalog.json_agg(pg_catalog.json_build_array(p.i, p.p, p.t, p.u,
+                                                                       p.r))
+                           FILTER (WHERE p.moved)
+                  FROM pairs p) x
+         WHERE x.rows IS NOT NULL
+         ORDER BY x.ord;$moves$,
+            a.hook_resource, a.resource, a.parent_resource, a.include_row,
+            a.include_previous AND a.include_row, v_pairs, a.noun || '.update',
+            a.noun || '.delete', a.noun || '.create');
+    END IF;
     v_body := format($src$
 -- Generated by webhooks.install_capture for attachment %1$s: do not edit; it is written
 -- again by webhooks.attach and whenever the table is altered.
@@ -329,7 +460,7 @@ BEGIN
        AND a.table_oid OPERATOR(pg_catalog.=) TG_RELID
        AND EXISTS (SELECT 1 FROM webhooks.wanted_events w
                     WHERE w.resource OPERATOR(pg_catalog.=) %7$L
-                      AND w.event OPERATOR(pg_catalog.=) v_name
+                      AND w.event OPERATOR(pg_catalog.=) %13$s
                       AND w.subscriptions OPERATOR(pg_catalog.>) 0);
     IF NOT FOUND THEN
         RETURN NULL;
@@ -375,26 +506,15 @@ $src$,
                a.tenant_column IS NOT NULL, a.include_previous AND a.include_row,
                format('SELECT pg_catalog.json_agg(%s) AS rows FROM changed_rows c',
                       v_element)),
-        format(v_queue, a.hook_resource, a.resource, a.parent_resource, a.include_row,
-               a.tenant_column IS NOT NULL, a.include_previous AND a.include_row,
-               format($rows$
-                SELECT pg_catalog.json_agg(pg_catalog.json_build_array(n.i, n.p, n.t, n.u,
-                                                                       n.r, o.r)) AS rows
-                  FROM (SELECT x.*,
-                               pg_catalog.json_build_array(x.i, x.p, x.t, x.u, x.r)
-                                   ::pg_catalog.text AS e
-                          FROM (SELECT %1$s%3$s FROM changed_rows c OFFSET 0) x) n
-                  LEFT JOIN (SELECT x.r%2$s,
-                                    pg_catalog.json_build_array(x.i, x.p, x.t, x.u, x.r)
-                                        ::pg_catalog.text AS e
-                               FROM (SELECT %1$s%3$s FROM old_rows c OFFSET 0) x) o
-                         ON %4$s
-                 WHERE o.e IS NULL OR NOT (o.e OPERATOR(pg_catalog.=) n.e)$rows$,
-                      v_update_element, v_key_list, v_keys, v_join)),
+        v_update,
         format(v_queue, a.hook_resource, a.resource, a.parent_resource, false,
                a.tenant_column IS NOT NULL, false,
                'SELECT ''[[null, null, null, null, null]]''::pg_catalog.json AS rows'),
-        a.noun || '.truncate', webhooks.notify_lock_class());
+        a.noun || '.truncate', webhooks.notify_lock_class(),
+        CASE WHEN a.tenant_column IS NULL THEN 'v_name'
+             ELSE format('ANY (CASE WHEN TG_OP OPERATOR(pg_catalog.=) ''UPDATE'' '
+                         'THEN ARRAY[%L, %L, %L]::pg_catalog.text[] ELSE ARRAY[v_name] END)',
+                         a.noun || '.update', a.noun || '.create', a.noun || '.delete') END);
     -- Column names and literals are quoted, but a dollar quote ends at its tag wherever
     -- it appears: pick one the body does not contain.
     WHILE position('$' || v_tag || '$' IN v_body) > 0 LOOP
@@ -420,6 +540,8 @@ DECLARE
     v_column text;
     v_function text;
     v_key text[];
+    v_index regclass;
+    v_problem text;
 BEGIN
     SELECT * INTO a FROM webhooks.attachments x WHERE x.table_oid = install_capture.table_name;
     IF NOT FOUND THEN
@@ -443,25 +565,34 @@ BEGIN
         END IF;
     END LOOP;
 
-    -- The pairing key is found again each time, so that it follows the table: a renamed
-    -- key column, a primary key added to a table attached by an earlier version.
-    v_key := webhooks.pairing_key(a.table_oid, a.id_column);
-    IF v_key IS NULL AND a.key_columns IS NOT NULL THEN
-        RAISE EXCEPTION 'webhooks: table % has no primary key or unique index that holds its '
-                        'id column % any more, and its attachment pairs updated rows by it',
-            a.table_oid, quote_ident(a.id_column)
+    -- Still an ordinary table with its key (webhooks.relation_problem): what the DDL guard
+    -- refuses to change, and what was changed where no event trigger could refuse it.
+    v_problem := webhooks.relation_problem(a);
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION 'webhooks: %, and its attachment reads it', v_problem
             USING ERRCODE = 'invalid_table_definition',
-                  HINT = 'Keep a primary key or a unique index (on columns, not partial, not '
-                         'deferrable) that holds the id column, or run webhooks.detach first.';
-    ELSIF v_key IS NULL THEN
+                  HINT = 'An attached table stays an ordinary table (its partitions too), '
+                         'keeps a primary key or a unique index (on columns, not partial, '
+                         'not deferrable) that holds the id column, and its capture '
+                         'triggers; run webhooks.detach first.';
+    END IF;
+    -- The pairing key is found again each time, so that it follows the table: a renamed
+    -- key column, a primary key added to a table attached by an earlier version, an index
+    -- rebuilt by ALTER COLUMN ... TYPE. Its index is recorded for the DDL guard.
+    v_key := webhooks.pairing_key(a.table_oid, a.id_column);
+    v_index := webhooks.pairing_index(a.table_oid, a.id_column);
+    IF v_key IS NULL THEN
         -- Attached by an earlier version, which took a table without such a key: its
         -- updates are paired on the id alone, as they were, until it gets one.
         RAISE WARNING 'webhooks: table % has no primary key or unique index that holds its id '
                       'column %: its updates are paired by the id alone',
             a.table_oid, quote_ident(a.id_column);
-    ELSIF v_key IS DISTINCT FROM a.key_columns THEN
-        UPDATE webhooks.attachments x SET key_columns = v_key WHERE x.id = a.id;
-        a.key_columns := v_key;
+    END IF;
+    IF (v_key, v_index::oid) IS DISTINCT FROM (a.key_columns, a.key_index::oid) THEN
+        UPDATE webhooks.attachments x SET key_columns = coalesce(v_key, x.key_columns),
+                                          key_index = v_index
+         WHERE x.id = a.id;
+        a.key_columns := coalesce(v_key, a.key_columns);
     END IF;
 
     -- Tables attached before TRUNCATE was captured lack its event; every migrate passes
@@ -498,6 +629,59 @@ END
 $$;
 
 
+-- What `webhooks migrate` does for each attachment: writes its capture function again, or,
+-- when the table is no longer one the service may read (webhooks.relation_problem:
+-- changed where no event trigger could refuse it), forgets it as DROP TABLE would, its
+-- subscriptions inactive with the reason, which it returns.
+CREATE OR REPLACE FUNCTION webhooks.refresh_capture(table_name regclass) RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    a webhooks.attachments;
+    v_problem text;
+BEGIN
+    SELECT * INTO a FROM webhooks.attachments x WHERE x.table_oid = refresh_capture.table_name;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    v_problem := webhooks.relation_problem(a);
+    IF v_problem IS NOT NULL THEN
+        PERFORM webhooks.forget_table(a.table_oid, v_problem);
+        RETURN v_problem;
+    END IF;
+    PERFORM webhooks.install_capture(a.table_oid);
+    RETURN NULL;
+END
+$$;
+
+
+-- Takes the lock every read of an attached table takes (ACCESS SHARE, as any SELECT:
+-- only DDL waits for it, and it waits for DDL) before anything of the table is read or
+-- planned, then checks what the table is now (webhooks.relation_problem): a table turned
+-- into a view or given a foreign partition cannot change under the lock until the
+-- reading transaction ends. NULL when the caller may read; else the reason, and the
+-- attachment is forgotten as DROP TABLE would (its subscriptions inactive, saying why).
+-- LOCK runs no code of the table's (of a view it locks the relations its query names).
+CREATE OR REPLACE FUNCTION webhooks.lock_attached(a webhooks.attachments) RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_problem text;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = a.table_oid) THEN
+        RETURN format('table %s no longer exists', a.table_oid);
+    END IF;
+    EXECUTE format('LOCK TABLE ONLY %s IN ACCESS SHARE MODE', a.table_oid);
+    v_problem := webhooks.relation_problem(a);
+    IF v_problem IS NOT NULL THEN
+        PERFORM webhooks.forget_table(a.table_oid, v_problem);
+    END IF;
+    RETURN v_problem;
+END
+$$;
+
+
+-- Drops the table's capture triggers, as the service's own DDL: the DDL guard
+-- (webhooks.on_drop_guard) lets this transaction's DROP TRIGGER of them pass, by the
+-- attachment's ddl_xid, which no other role can write.
 CREATE OR REPLACE FUNCTION webhooks.drop_capture_triggers(table_name regclass) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -509,6 +693,9 @@ BEGIN
            AND t.tgname IN ('webhooks_1_insert', 'webhooks_2_update', 'webhooks_3_delete',
                             'webhooks_4_truncate')
     LOOP
+        UPDATE webhooks.attachments a SET ddl_xid = pg_current_xact_id()
+         WHERE a.table_oid = drop_capture_triggers.table_name
+           AND a.ddl_xid IS DISTINCT FROM pg_current_xact_id();
         EXECUTE format('DROP TRIGGER %I ON %s', v_trigger, drop_capture_triggers.table_name);
     END LOOP;
 END
@@ -738,11 +925,13 @@ BEGIN
     INSERT INTO webhooks.attachments (table_oid, resource, noun, hook_resource, parent_resource,
                                       parent_column, id_column, user_column, tenant_column,
                                       exclude_columns, include_row, public, columns,
-                                      include_previous, key_columns)
+                                      include_previous, key_columns, key_index, row_security)
     VALUES (attach.table_name, attach.resource, attach.noun, v_hook_resource,
             attach.parent_resource, attach.parent_column, attach.id_column, attach.user_column,
             attach.tenant_column, coalesce(attach.exclude_columns, '{}'), attach.include_row,
-            attach.public, attach.columns, attach.include_previous, v_key)
+            attach.public, attach.columns, attach.include_previous, v_key,
+            webhooks.pairing_index(attach.table_name, attach.id_column),
+            (SELECT c.relrowsecurity FROM pg_class c WHERE c.oid = attach.table_name))
     RETURNING * INTO v_new;
     INSERT INTO webhooks.hook_events (resource, event, public, table_oid)
     SELECT v_hook_resource, attach.noun || '.' || verb, attach.public, attach.table_name
@@ -802,15 +991,118 @@ COMMENT ON FUNCTION webhooks.attach(regclass, text, text, text, text, text, text
 CREATE OR REPLACE FUNCTION webhooks.on_alter_table() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_table regclass;
+    a webhooks.attachments;
 BEGIN
-    FOR v_table IN
-        SELECT a.table_oid FROM webhooks.attachments a
-         WHERE a.table_oid = ANY (ARRAY(SELECT c.objid::regclass
-                                           FROM pg_event_trigger_ddl_commands() c
-                                          WHERE c.classid = 'pg_class'::regclass))
+    FOR a IN
+        -- The tables altered, and the partitioned tables they are partitions of (a foreign
+        -- table attached as a partition of an attached table's partition).
+        SELECT x.* FROM webhooks.attachments x
+         WHERE x.table_oid = ANY (ARRAY(
+                   SELECT c.objid::regclass FROM pg_event_trigger_ddl_commands() c
+                    WHERE c.classid = 'pg_class'::regclass
+                   UNION
+                   SELECT p.relid FROM pg_event_trigger_ddl_commands() c
+                    CROSS JOIN LATERAL pg_partition_ancestors(c.objid::regclass) p
+                    WHERE c.classid = 'pg_class'::regclass
+                      AND (SELECT k.relispartition FROM pg_class k WHERE k.oid = c.objid)))
     LOOP
-        PERFORM webhooks.install_capture(v_table);
+        IF NOT a.row_security
+           AND (SELECT k.relrowsecurity FROM pg_class k WHERE k.oid = a.table_oid) THEN
+            RAISE EXCEPTION 'webhooks: table % is attached, and row-level security on it would '
+                            'run its policies where the service reads it', a.table_oid
+                USING ERRCODE = 'invalid_table_definition',
+                      HINT = 'Run webhooks.detach first, then attach it again.';
+        END IF;
+        PERFORM webhooks.install_capture(a.table_oid);
+    END LOOP;
+END
+$$;
+
+-- The DDL guard: statements on an attached table that would change what reading it runs
+-- or how its rows pair are refused, with a hint to detach first: a rule (CREATE RULE
+-- "_RETURN" turns an emptied table into a view on PostgreSQL 15 and older), a policy, a
+-- capture trigger renamed, a foreign table made a partition of it. Statements on other
+-- tables cost one lookup of webhooks.attachments and pass. Where no event trigger is
+-- installed, every read checks instead (webhooks.relation_problem).
+CREATE OR REPLACE FUNCTION webhooks.on_ddl_guard() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT c.command_tag, c.object_identity, a.table_oid, a.key_columns
+          FROM pg_event_trigger_ddl_commands() c
+          JOIN webhooks.attachments a
+            ON a.table_oid = ANY (ARRAY(
+                   SELECT x.ev_class FROM pg_rewrite x
+                    WHERE c.classid = 'pg_rewrite'::regclass AND x.oid = c.objid
+                   UNION ALL
+                   SELECT x.polrelid FROM pg_policy x
+                    WHERE c.classid = 'pg_policy'::regclass AND x.oid = c.objid
+                   UNION ALL
+                   SELECT x.tgrelid FROM pg_trigger x
+                    WHERE c.classid = 'pg_trigger'::regclass AND x.oid = c.objid
+                   UNION ALL
+                   SELECT p.relid FROM pg_partition_ancestors(c.objid::regclass) p
+                    WHERE c.classid = 'pg_class'::regclass
+                      AND c.command_tag = 'CREATE FOREIGN TABLE'))
+    LOOP
+        CONTINUE WHEN r.command_tag = 'ALTER TRIGGER'
+                  AND (SELECT count(*) FROM pg_trigger t
+                        WHERE t.tgrelid = r.table_oid
+                          AND t.tgname IN ('webhooks_1_insert', 'webhooks_2_update',
+                                           'webhooks_3_delete', 'webhooks_4_truncate')) = 4;
+        RAISE EXCEPTION 'webhooks: table % is attached: % (%) is refused, since it would '
+                        'change what reading the table runs or how its rows pair',
+            r.table_oid, r.command_tag, r.object_identity
+            USING ERRCODE = 'invalid_table_definition',
+                  HINT = 'Run webhooks.detach first (and webhooks.attach again after).';
+    END LOOP;
+END
+$$;
+
+-- The DDL guard's half for drops: a capture trigger dropped by anything but the service's
+-- own code (webhooks.drop_capture_triggers), or the index its updates pair on, unless a
+-- key made in the same transaction takes its place (a primary key replaced in one
+-- ALTER TABLE). Dropping the table itself is webhooks.on_drop's.
+CREATE OR REPLACE FUNCTION webhooks.on_drop_guard() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r record;
+    v_index regclass;
+BEGIN
+    FOR r IN
+        SELECT d.object_type, d.object_identity, a.*
+          FROM pg_event_trigger_dropped_objects() d
+          JOIN webhooks.attachments a
+            ON (d.object_type = 'trigger'
+                AND d.address_names[3] IN ('webhooks_1_insert', 'webhooks_2_update',
+                                           'webhooks_3_delete', 'webhooks_4_truncate')
+                AND a.table_oid = to_regclass(quote_ident(d.address_names[1]) || '.'
+                                              || quote_ident(d.address_names[2]))
+                AND a.ddl_xid IS DISTINCT FROM pg_current_xact_id())
+            OR (d.object_type = 'index' AND d.objid = a.key_index::oid)
+         WHERE NOT EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() t
+                            WHERE t.classid = 'pg_class'::regclass AND t.objsubid = 0
+                              AND t.objid = a.table_oid::oid)
+    LOOP
+        IF r.object_type = 'index' THEN
+            -- A column dropped with it: webhooks.install_capture judges that at the
+            -- statement's end (a named column, or the key, gone is refused there).
+            CONTINUE WHEN EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() t
+                                   WHERE t.object_type = 'table column'
+                                     AND t.objid = r.table_oid::oid);
+            v_index := webhooks.pairing_index(r.table_oid, r.id_column);
+            CONTINUE WHEN (SELECT x.xmin::text = (pg_current_xact_id()::xid)::text
+                             FROM pg_class x WHERE x.oid = v_index);
+        END IF;
+        RAISE EXCEPTION 'webhooks: table % is attached: dropping % % is refused, since it '
+                        'would change what reading the table runs or how its rows pair',
+            r.table_oid, r.object_type, r.object_identity
+            USING ERRCODE = 'invalid_table_definition',
+                  HINT = 'Run webhooks.detach first (and webhooks.attach again after); a '
+                         'primary key may be replaced in the statement or transaction that '
+                         'drops it.';
     END LOOP;
 END
 $$;
@@ -858,6 +1150,19 @@ BEGIN
         CREATE EVENT TRIGGER webhooks_drop ON sql_drop
             WHEN TAG IN ('DROP TABLE', 'DROP SCHEMA', 'DROP OWNED')
             EXECUTE FUNCTION webhooks.on_drop();
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger
+                    WHERE evtname = 'webhooks_guard') THEN
+        CREATE EVENT TRIGGER webhooks_guard ON ddl_command_end
+            WHEN TAG IN ('CREATE RULE', 'CREATE POLICY', 'ALTER POLICY', 'ALTER TRIGGER',
+                         'CREATE FOREIGN TABLE')
+            EXECUTE FUNCTION webhooks.on_ddl_guard();
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger
+                    WHERE evtname = 'webhooks_drop_guard') THEN
+        CREATE EVENT TRIGGER webhooks_drop_guard ON sql_drop
+            WHEN TAG IN ('DROP TRIGGER', 'DROP INDEX', 'ALTER TABLE')
+            EXECUTE FUNCTION webhooks.on_drop_guard();
     END IF;
 END
 $$;

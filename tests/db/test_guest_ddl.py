@@ -77,7 +77,7 @@ def test_a_role_without_rights_on_webhooks_alters_and_drops_its_own_tables(
         conn: psycopg.Connection, as_app: psycopg.Connection, app: str) -> None:
     # Installed by a superuser, the service's event triggers fire for every role's DDL.
     assert conn.execute("SELECT count(*) FROM pg_event_trigger WHERE evtname LIKE 'webhooks%'"
-                        ).fetchone() == (2,)
+                        ).fetchone() == (4,)
     other = create_role(conn, "app_other")
     try:
         conn.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(other), sql.Identifier(app)))

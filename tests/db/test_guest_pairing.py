@@ -134,7 +134,7 @@ def test_an_attachment_made_without_a_key_still_pairs_on_the_id(
         items: psycopg.Connection) -> None:
     # As an earlier version left it: no key recorded, and the table has none.
     conn = items
-    conn.execute("UPDATE webhooks.attachments SET key_columns = NULL")
+    conn.execute("UPDATE webhooks.attachments SET key_columns = NULL, key_index = NULL")
     conn.execute("ALTER TABLE public.items DROP CONSTRAINT items_pkey")
     assert key_columns(conn, "public.items") is None
     conn.execute("INSERT INTO public.items VALUES ('a', 1, 'ann'), ('b', 2, 'bob')")
