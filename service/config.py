@@ -98,6 +98,14 @@ def duration(name: str, value: str) -> float:
         raise ConfigError(f"{name}: {exc}") from None
 
 
+def positive_duration(name: str, value: str) -> float:
+    """A duration (see parse_duration) longer than zero: a deadline or an interval."""
+    seconds = duration(name, value)
+    if seconds <= 0:
+        raise ConfigError(f"{name} must be longer than 0, not {value!r}")
+    return seconds
+
+
 def schedule(name: str, value: str) -> tuple[float, ...]:
     """Seconds of a comma-separated list of durations (see parse_schedule)."""
     try:
@@ -218,6 +226,23 @@ class Settings:
     failing_after: float = setting("WEBHOOKS_FAILING_AFTER", duration, 3600.0)
     disable_after: float = setting("WEBHOOKS_DISABLE_AFTER", duration, 5 * 86400.0)
     secret_overlap: float = setting("WEBHOOKS_SECRET_OVERLAP", duration, 86400.0)
+    # Database connections (docs/operations.md, "When the database stops answering"): how
+    # long a connection may go without the server's acknowledgement before the kernel
+    # drops it (keepalives and tcp_user_timeout), how long a new one may take, and the
+    # client-side deadlines of each kind of work, a statement and a pool checkout each.
+    db_tcp_timeout: float = setting("WEBHOOKS_DB_TCP_TIMEOUT", positive_duration, 15.0)
+    db_connect_timeout: float = setting("WEBHOOKS_DB_CONNECT_TIMEOUT", positive_duration, 5.0)
+    api_db_timeout: float = setting("WEBHOOKS_API_DB_TIMEOUT", positive_duration, 10.0)
+    worker_db_timeout: float = setting("WEBHOOKS_WORKER_DB_TIMEOUT", positive_duration, 10.0)
+    maintenance_db_timeout: float = setting("WEBHOOKS_MAINTENANCE_DB_TIMEOUT",
+                                            positive_duration, 600.0)
+    backfill_db_timeout: float = setting("WEBHOOKS_BACKFILL_DB_TIMEOUT", positive_duration, 120.0)
+    migrate_db_timeout: float = setting("WEBHOOKS_MIGRATE_DB_TIMEOUT", positive_duration, 3600.0)
+    # The worker proves its LISTEN connection alive this often; its liveness check fails
+    # after this long without a completed round while the database answers and work is due.
+    listen_check_interval: float = setting("WEBHOOKS_LISTEN_CHECK_INTERVAL",
+                                           positive_duration, 10.0)
+    liveness_timeout: float = setting("WEBHOOKS_LIVENESS_TIMEOUT", positive_duration, 120.0)
 
     @classmethod
     def variables(cls) -> Iterator[tuple[str, str, Parser, Any]]:

@@ -12,13 +12,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 import httpx
 from litestar import Litestar, Response, Router, get
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
+from litestar.types import ASGIApp, Receive, Scope, Send
 from prometheus_client import CollectorRegistry
 
 from service import __version__
@@ -48,7 +50,7 @@ from service.api.webhooks import (
 from service.config import Settings
 from service.crypto import SecretBox
 from service.http import make_client
-from service.store import Store, StoreError, make_pool
+from service.store import Store, StoreError, budget, make_pool
 
 log = logging.getLogger("webhooks.api")
 
@@ -108,6 +110,28 @@ async def readyz(store: StoreDep) -> Response[dict[str, str]]:
     return Response({"status": "ok"})
 
 
+@get("/livez", summary="Worker making progress", responses=error_responses(503))
+async def livez(state: State) -> Response[dict[str, Any]]:
+    """`webhooks run`'s worker: 503 when it made no progress for WEBHOOKS_LIVENESS_TIMEOUT
+    while the database answers and work is due (restart it), else 200."""
+    status, body = await asyncio.to_thread(state.liveness)
+    return Response(body, status_code=status)
+
+
+def db_budget(seconds: float) -> Callable[[ASGIApp], ASGIApp]:
+    """A middleware that bounds what a request waits for the database, checkouts and
+    statements together (service.store.budget): past it, the request answers 503."""
+    def middleware(app: ASGIApp) -> ASGIApp:
+        async def bounded(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http":
+                await app(scope, receive, send)
+                return
+            with budget(seconds):
+                await app(scope, receive, send)
+        return bounded
+    return middleware
+
+
 async def _make_partitions(store: Store) -> None:
     try:
         await deliveries.ensure_partitions(store)
@@ -118,9 +142,11 @@ async def _make_partitions(store: Store) -> None:
 # --- the app ------------------------------------------------------------------------
 
 def create_app(settings: Settings, pool: Pool | None = None,
-               other_metrics: Sequence[CollectorRegistry] = ()) -> Litestar:
+               other_metrics: Sequence[CollectorRegistry] = (),
+               liveness: Callable[[], tuple[int, dict[str, Any]]] | None = None) -> Litestar:
     """The API app; opens (and closes) its own pool unless `pool` is given. GET /metrics
-    shows its own metrics and those of `other_metrics` (a worker in the same process)."""
+    shows its own metrics and those of `other_metrics` (a worker in the same process), and
+    GET /livez the `liveness` check of that worker, when one is given."""
     metrics = ApiMetrics(other_metrics)
 
     @contextlib.asynccontextmanager
@@ -131,13 +157,16 @@ def create_app(settings: Settings, pool: Pool | None = None,
                 # database does, /readyz and every request that needs the database answer
                 # 503 while it is down, and the pool reconnects when it is back.
                 own = make_pool(settings.database_url, max_size=settings.pool_size, name="api",
-                                timeout=API_POOL_TIMEOUT)
+                                timeout=API_POOL_TIMEOUT, tcp_timeout=settings.db_tcp_timeout,
+                                connect_timeout=settings.db_connect_timeout)
                 await own.open(wait=False)
                 stack.push_async_callback(own.close)
                 app.state.pool = own
             else:
                 app.state.pool = pool
-            app.state.store = Store(app.state.pool)
+            # Each checkout and statement within WEBHOOKS_API_DB_TIMEOUT, and a request's
+            # all together too (db_budget).
+            app.state.store = Store(app.state.pool, settings.api_db_timeout)
             # In the background, so that the API binds at once even while the database is
             # down. Not fatal: the worker makes them too, and test events retry after
             # making them; a role that may not create tables gets its error there.
@@ -161,7 +190,8 @@ def create_app(settings: Settings, pool: Pool | None = None,
         tags=["webhooks"],
     )
     return Litestar(
-        route_handlers=[api, healthz, readyz, MetricsController, *dashboard.HANDLERS,
+        route_handlers=[api, healthz, readyz, *([livez] if liveness is not None else []),
+                        MetricsController, *dashboard.HANDLERS,
                         apidocs.home],
         dependencies={
             "store": Provide(provide_store, sync_to_thread=False),
@@ -171,9 +201,11 @@ def create_app(settings: Settings, pool: Pool | None = None,
             "metrics": Provide(provide_metrics, sync_to_thread=False),
         },
         state=State({"settings": settings, "box": SecretBox(settings.encryption_key),
+                     "liveness": liveness,
                      "metrics": metrics,
                      "limiter": RateLimiter(settings.rate_limit, settings.rate_burst)}),
-        middleware=[request_metrics(metrics), apidocs.page_headers],
+        middleware=[request_metrics(metrics), apidocs.page_headers,
+                    db_budget(settings.api_db_timeout)],
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
         request_max_body_size=settings.max_body_bytes,

@@ -97,9 +97,15 @@ def _http(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Error
     return error_response(status, str(exc.detail) or "bad request")
 
 
+# Seconds a client is told to wait after a 503 for the database: connections are
+# replaced as soon as the database accepts them again.
+DATABASE_RETRY_AFTER = 2
+
+
 def _database(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:
     log.error("database unavailable: %s", type(exc).__name__)
-    return error_response(503, "the database is unavailable; try again later")
+    return error_response(503, "the database is unavailable; try again later",
+                          {"Retry-After": str(DATABASE_RETRY_AFTER)})
 
 
 def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:

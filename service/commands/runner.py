@@ -9,7 +9,7 @@ import gc
 import logging
 import signal
 import socket
-from collections.abc import Coroutine, Generator, Sequence
+from collections.abc import Callable, Coroutine, Generator, Sequence
 from typing import Any, TypeVar
 
 import uvicorn
@@ -97,13 +97,15 @@ def api_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
 
 
 async def serve_api(settings: Settings, sock: socket.socket, stop: asyncio.Event,
-                    other_metrics: Sequence[CollectorRegistry] = ()) -> None:
+                    other_metrics: Sequence[CollectorRegistry] = (),
+                    liveness: Callable[[], tuple[int, dict[str, Any]]] | None = None) -> None:
     """Serves the REST API on `sock` (api_socket) until `stop` is set, then finishes open
-    requests and returns."""
+    requests and returns; with `liveness`, a worker's check on /livez beside it."""
     from service.api.app import create_app
 
     host, port = sock.getsockname()[:2]
-    config = uvicorn.Config(create_app(settings, other_metrics=other_metrics), host=host,
+    app = create_app(settings, other_metrics=other_metrics, liveness=liveness)
+    config = uvicorn.Config(app, host=host,
                             port=port, log_config=None,
                             access_log=False, lifespan="on", timeout_graceful_shutdown=10)
     server = _Server(config)
@@ -128,6 +130,7 @@ async def run_all(settings: Settings, sock: socket.socket, concurrency: int,
                   stop: asyncio.Event | None = None) -> None:
     """`webhooks run`: the API (on `sock`, api_socket) and a worker in one process; either
     failing stops both."""
+    from service.worker.liveness import Liveness
     from service.worker.loop import run_worker
     from service.worker.metrics import WorkerMetrics
 
@@ -135,12 +138,16 @@ async def run_all(settings: Settings, sock: socket.socket, concurrency: int,
         stop = asyncio.Event()
         stop_on_signals(stop)
     # One /metrics for the process: the API's series and the worker's.
+    # The worker's liveness check on the API's port, /livez.
     worker_metrics = WorkerMetrics()
+    liveness = Liveness(settings)
     tasks = [
         asyncio.create_task(serve_api(settings, sock, stop,
-                                      other_metrics=[worker_metrics.registry]), name="api"),
+                                      other_metrics=[worker_metrics.registry],
+                                      liveness=liveness.check), name="api"),
         asyncio.create_task(run_worker(settings, concurrency=concurrency, stop=stop,
-                                       metrics=worker_metrics), name="worker"),
+                                       metrics=worker_metrics, liveness=liveness),
+                            name="worker"),
     ]
     await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     stop.set()

@@ -10,9 +10,11 @@ catches them), pool.py and sync.py put the areas together. Nothing else executes
 query (import-linter keeps service.db, the plumbing, away from the API and the worker).
 """
 
+from service.store.deadline import DeadlineExceeded, budget, watched
 from service.store.errors import StoreError, StoreRejected, StoreUnavailable, translated
 from service.store.pool import QUEUE_SETTINGS, Session, Store, connect, make_pool
-from service.store.sync import SyncStore
+from service.store.sync import SyncStore, work_due
 
-__all__ = ["QUEUE_SETTINGS", "Session", "Store", "StoreError", "StoreRejected", "StoreUnavailable",
-           "SyncStore", "connect", "make_pool", "translated"]
+__all__ = ["QUEUE_SETTINGS", "DeadlineExceeded", "Session", "Store", "StoreError",
+           "StoreRejected", "StoreUnavailable", "SyncStore", "budget", "connect", "make_pool",
+           "translated", "watched", "work_due"]

@@ -3,6 +3,8 @@ the worker's queue gauges."""
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 from psycopg.rows import dict_row, tuple_row
@@ -73,6 +75,35 @@ class SyncStatusQueries(SyncQueries):
         """The workers' task crashes."""
         return self._every("status_worker_tasks")
 
+    def work_due(self) -> bool:
+        """Whether a change waits for fan-out or a delivery is due (the liveness check)."""
+        return bool(self._first("work_due")["due"])
+
+    def status_workers(self) -> list[dict[str, Any]]:
+        """The workers' LISTEN connections and their last reports (progress and proof)."""
+        workers = []
+        for row in self._every("status_workers"):
+            report = _progress_report(row.pop("query") or "")
+            workers.append({**row, "worker": report.get("worker"),
+                            "last_round": report.get("round"),
+                            "started": report.get("started")})
+        return workers
+
     def status_rejected(self) -> list[dict[str, Any]]:
         """The changes set aside (total, and the latest)."""
         return self._every("status_rejected")
+
+
+_REPORT = re.compile(r"^SELECT '(.*)' AS webhooks_progress$", re.DOTALL)
+
+
+def _progress_report(statement: str) -> dict[str, Any]:
+    """The JSON a listener's proof carried in its text (prove_listener), or {}."""
+    match = _REPORT.match(statement.strip())
+    if match is None:
+        return {}
+    try:
+        report = json.loads(match.group(1).replace("''", "'"))
+    except ValueError:
+        return {}
+    return report if isinstance(report, dict) else {}

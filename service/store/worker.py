@@ -164,6 +164,12 @@ class ConnectionQueries(AsyncQueries):
         """LISTENs on the service's channel."""
         await self._run("listen")
 
+    async def prove_listener(self, report: str) -> None:
+        """The LISTEN connection's proof of life: a round trip whose text carries `report`
+        (JSON), read by `webhooks status` from pg_stat_activity (status_workers)."""
+        await self._execute(sql.SQL("SELECT {} AS webhooks_progress").format(
+            sql.Literal(report)))
+
     async def lock_partitions(self, *, key: int) -> bool:
         """Takes the pruner's session lock; False when another pruner holds it."""
         row = await self._one("partitions_lock", {"key": key})

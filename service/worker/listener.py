@@ -8,9 +8,12 @@ every (re)connection the worker is woken once to catch up on what it may have mi
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
+import time
 from collections.abc import Callable
+from typing import Any
 
 from service.store import Session, StoreError, connect, translated
 
@@ -20,17 +23,32 @@ APPLICATION_NAME = "webhooks-listener"
 
 
 class Listener:
-    """Keeps a LISTEN webhooks connection up, reconnecting with backoff and jitter."""
+    """Keeps a LISTEN webhooks connection up, reconnecting with backoff and jitter, and
+    proves it alive every `check_interval` seconds with a round trip that must end within
+    `timeout`: a connection that stops answering (a hung proxy, a vanished host) is
+    abandoned and replaced, and meanwhile the worker polls the outbox (wakeup.py, point
+    5: no pid, no NOTIFY expected)."""
 
     def __init__(self, url: str, wake: Callable[[], None], *, min_backoff: float = 0.1,
-                 max_backoff: float = 10.0) -> None:
+                 max_backoff: float = 10.0, check_interval: float = 10.0,
+                 timeout: float = 10.0, tcp_timeout: float = 15.0,
+                 connect_timeout: float = 5.0,
+                 report: Callable[[], dict[str, Any]] | None = None,
+                 proved: Callable[[float], None] | None = None) -> None:
         self._url = url
         self._wake = wake
         self._min_backoff = min_backoff
         self._max_backoff = max_backoff
+        self._check_interval = check_interval
+        self._timeout = timeout
+        self._tcp_timeout = tcp_timeout
+        self._connect_timeout = connect_timeout
+        self._report = report
+        self._proved = proved
         self.connected = asyncio.Event()
         self.connections = 0  # successful connections so far; tests watch reconnects
         self.pid: int | None = None  # backend pid of the current LISTEN connection
+        self.proved_at: float | None = None  # wall-clock time of the last proof
 
     async def run(self) -> None:
         """Listens until cancelled; connection failures are logged and retried. Anything
@@ -43,6 +61,7 @@ class Listener:
                     await self._listen_once()
                 except StoreError as exc:
                     log.warning("LISTEN connection lost, reconnecting: %s", exc)
+                self.pid = None  # no NOTIFY can come: the worker polls meanwhile
                 if self.connected.is_set():
                     # It was up: this is a fresh failure, so start the backoff over.
                     self.connected.clear()
@@ -54,18 +73,31 @@ class Listener:
             self.pid = None
 
     async def _listen_once(self) -> None:
-        """Connects, listens and wakes the worker until the connection breaks (StoreError)."""
+        """Connects, listens and wakes the worker until the connection breaks or fails its
+        proof (StoreError)."""
         with translated():
-            conn = await connect(
-                self._url, application_name=APPLICATION_NAME,
-                # Notice a silently dead peer (a cable, a NAT) rather than wait forever.
-                keepalives=1, keepalives_idle=30, keepalives_interval=10, keepalives_count=3,
-            )
+            conn = await connect(self._url, application_name=APPLICATION_NAME,
+                                 tcp_timeout=self._tcp_timeout,
+                                 connect_timeout=self._connect_timeout)
             async with conn:
-                await Session(conn).listen()
+                session = Session(conn, self._timeout)
+                await self._prove(session)
+                await session.listen()
                 self.pid = conn.info.backend_pid
                 self.connections += 1
                 self.connected.set()
                 self._wake()  # anything committed while we were not listening
-                async for _ in conn.notifies():
-                    self._wake()
+                while True:
+                    async for _ in conn.notifies(timeout=self._check_interval):
+                        self._wake()
+                    await self._prove(session)
+
+    async def _prove(self, session: Session) -> None:
+        """One round trip within the deadline, reporting the worker's progress."""
+        report = dict(self._report()) if self._report is not None else {}
+        now = time.time()
+        report["proof"] = now
+        await session.prove_listener(json.dumps(report, sort_keys=True))
+        self.proved_at = now
+        if self._proved is not None:
+            self._proved(now)

@@ -20,13 +20,14 @@ import os
 import random
 import signal
 import socket
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from service.availability import wait_for_database
+from service.availability import wait_for_database, wait_until_migrated
 from service.config import Settings
 from service.curl import CurlClient
 from service.store import QUEUE_SETTINGS, Session, Store, StoreError, StoreRejected, make_pool
@@ -44,6 +45,7 @@ from service.worker.fanout import (
 from service.worker.lifecycle import interval as lifecycle_interval
 from service.worker.lifecycle import run_round as lifecycle_round
 from service.worker.listener import Listener
+from service.worker.liveness import Liveness
 from service.worker.metrics import WorkerMetrics, WorkerStats
 from service.worker.pacing import LANE_STEPS, LANE_TAKE, MIN_WAIT, Pacing
 from service.worker.pruning import prune_loop
@@ -110,7 +112,16 @@ class Worker:
         self._attempts = Attempts(settings, session, self.slots, self._recorder,
                                   stats=self.stats, metrics=self.metrics, wake=self._slot_freed,
                                   stranded=self._wake.set)
-        self.listener = Listener(settings.database_url, self.wake)
+        # Wall-clock times of the worker's start and of its last completed round (a step
+        # of the loop that ended without an error): its progress, in metrics, `webhooks
+        # status` (through the listener's proof) and the liveness check (liveness.py).
+        self.started_at = time.time()
+        self.last_round: float | None = None
+        self.listener = Listener(
+            settings.database_url, self.wake, check_interval=settings.listen_check_interval,
+            timeout=settings.worker_db_timeout, tcp_timeout=settings.db_tcp_timeout,
+            connect_timeout=settings.db_connect_timeout, report=self._progress,
+            proved=self.metrics.listen_proof.set)
         self.wakeup = Wakeup(self.listener, batch_size=settings.batch_size,
                              poll_interval=settings.poll_interval)
         self.fanout_size = FanoutSize(settings.batch_size)
@@ -129,6 +140,14 @@ class Worker:
     def pool(self) -> AsyncConnectionPool:
         """The worker's connection pool."""
         return self.store.pool
+
+    def _progress(self) -> dict[str, Any]:
+        """What the listener's proof reports (`webhooks status`)."""
+        return {"worker": self.name, "round": self.last_round, "started": self.started_at}
+
+    def _round_done(self) -> None:
+        self.last_round = time.time()
+        self.metrics.last_round.set(self.last_round)
 
     async def prepare_queue(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Runs the queue's statements once on a new connection of the queue pool (its
@@ -193,10 +212,12 @@ class Worker:
                         self.settings.lease, self.settings.delivery_timeout)
         helpers = [
             self.supervisor.start("listener", self.listener.run),
-            self.supervisor.start("pruner", lambda: prune_loop(self.store,
-                                                               self.settings.retention)),
+            self.supervisor.start("pruner", lambda: prune_loop(
+                self.store.with_timeout(self.settings.maintenance_db_timeout),
+                self.settings.retention)),
             self.supervisor.start("backfill", lambda: backfill_loop(
-                self.store, self.settings, self.wake)),
+                self.store.with_timeout(self.settings.backfill_db_timeout), self.settings,
+                self.wake)),
         ]
         recorder = self.supervisor.start("recorder", self._recorder.run)
         log.info("worker started", extra={"concurrency": self.concurrency})
@@ -234,6 +255,7 @@ class Worker:
                 backoff = min(backoff * 2, RESTART_MAX)
                 continue
             backoff = 0.1
+            self._round_done()
             until_lifecycle = self._lifecycle_at - asyncio.get_running_loop().time()
             await self._wait(min(wait, until_lifecycle))
 
@@ -485,7 +507,8 @@ class Worker:
         """Analyses (after a burst) or vacuums (after a drained backlog) the deliveries
         partitions being filled, one at a time."""
         try:
-            async with self.store.session() as s:
+            store = self.store.with_timeout(self.settings.maintenance_db_timeout)
+            async with store.session() as s:
                 for partition in await s.current_partitions():
                     await s.maintain_partition(partition=partition, vacuum=vacuum)
         except StoreError as exc:
@@ -514,8 +537,9 @@ class Worker:
 async def open_worker(settings: Settings, *, concurrency: int,
                       metrics: WorkerMetrics | None = None) -> AsyncIterator[Worker]:
     """A started Worker with its own pools and HTTP session, all closed on exit."""
-    pool = make_pool(settings.database_url, min_size=2,
-                     max_size=max(2, settings.pool_size), name="worker")
+    tcp, connect = settings.db_tcp_timeout, settings.db_connect_timeout
+    pool = make_pool(settings.database_url, min_size=2, max_size=max(2, settings.pool_size),
+                     name="worker", tcp_timeout=tcp, connect_timeout=connect)
     # The loop's fan-out and claim, the recorder, and the fan-out of a backlog beside the
     # loop: one statement each at a time, each prepared on every connection as it opens
     # (Worker.prepare_queue).
@@ -523,7 +547,8 @@ async def open_worker(settings: Settings, *, concurrency: int,
         await worker.prepare_queue(conn)  # made below, before the pool opens
 
     queue = make_pool(settings.database_url, min_size=2, max_size=3, name="worker-queue",
-                      settings=QUEUE_SETTINGS, prepare_threshold=0, configure=prepare)
+                      settings=QUEUE_SETTINGS, prepare_threshold=0, configure=prepare,
+                      tcp_timeout=tcp, connect_timeout=connect)
     async with contextlib.AsyncExitStack() as stack:
         session = CurlClient(allow_private=settings.allow_private_targets,
                              max_connections=max(concurrency, 1),
@@ -532,8 +557,12 @@ async def open_worker(settings: Settings, *, concurrency: int,
                              connect_timeout=settings.delivery_timeout,
                              body_limit=delivery.BODY_LIMIT)
         stack.push_async_callback(session.close)
-        worker = Worker(settings, Store(pool), session, concurrency=concurrency,
-                        metrics=metrics, queue=Store(queue))
+        # Each checkout and statement of the loop, the recorder and the fan-out ends within
+        # WEBHOOKS_WORKER_DB_TIMEOUT (retention's, the vacuum's and the backfills' have
+        # theirs: Worker.run).
+        worker = Worker(settings, Store(pool, settings.worker_db_timeout), session,
+                        concurrency=concurrency, metrics=metrics,
+                        queue=Store(queue, settings.worker_db_timeout))
         await pool.open(wait=True)
         stack.push_async_callback(pool.close)
         await queue.open(wait=True)
@@ -547,10 +576,13 @@ async def open_worker(settings: Settings, *, concurrency: int,
 
 async def run_worker(settings: Settings, *, concurrency: int, metrics_port: int | None = None,
                      metrics_host: str = "127.0.0.1", stop: asyncio.Event | None = None,
-                     metrics: WorkerMetrics | None = None) -> None:
+                     metrics: WorkerMetrics | None = None,
+                     liveness: Liveness | None = None) -> None:
     """Delivers until SIGTERM/SIGINT (or `stop` is set), then shuts down cleanly. Its
-    metrics are served on `metrics_port`, or kept up to date in `metrics` for another
-    server to show (`webhooks run`: the API's /metrics)."""
+    metrics and its liveness check (/livez) are served on `metrics_port`, or kept up to
+    date in `metrics` and `liveness` for another server to show (`webhooks run`: the
+    API's /metrics and /livez)."""
+    liveness = liveness or Liveness(settings)
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
     if stop is None:
@@ -561,11 +593,16 @@ async def run_worker(settings: Settings, *, concurrency: int, metrics_port: int 
     try:
         if not await wait_for_database(settings.database_url, stop):
             return
+        # A database not migrated yet: one line saying so, then a quiet wait for it.
+        if not await wait_until_migrated(settings.database_url, stop):
+            return
         async with open_worker(settings, concurrency=concurrency, metrics=metrics) as worker:
+            liveness.watch(worker)
             refresher = None
             if metrics_port is not None:
-                worker.metrics.serve(metrics_port, metrics_host)
-                log.info("metrics on http://%s:%d/metrics", metrics_host, metrics_port)
+                worker.metrics.serve(metrics_port, metrics_host, liveness=liveness.check)
+                log.info("metrics on http://%s:%d/metrics, liveness on /livez", metrics_host,
+                         metrics_port)
             if metrics_port is not None or metrics is not None:
                 refresher = asyncio.create_task(worker.metrics.refresh_loop(worker.store))
             await stop.wait()

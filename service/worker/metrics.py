@@ -7,10 +7,22 @@ Each Worker has its own registry, so several workers in one process (tests) neve
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 from service.store import Store, StoreError
 
@@ -76,6 +88,12 @@ class WorkerMetrics:
                                  "disabled: disabled automatically)", ["event"], registry=r)
         for event in LIFECYCLE_EVENTS:
             self.lifecycle.labels(event)
+        self.last_round = Gauge("webhooks_worker_last_round_timestamp_seconds",
+                                "When the worker last completed a round of its loop (Unix "
+                                "time; 0 before the first)", registry=r)
+        self.listen_proof = Gauge("webhooks_worker_listen_proof_timestamp_seconds",
+                                  "When the worker's LISTEN connection last proved alive by a "
+                                  "round trip (Unix time; 0 before the first)", registry=r)
         # The counters of each outcome, looked up once: observe() runs per attempt.
         self._outcomes = {outcome: self.deliveries.labels(label) for outcome, label in
                           (("succeeded", "succeeded"), ("pending", "retry"),
@@ -108,6 +126,37 @@ class WorkerMetrics:
                 log.warning("metrics refresh failed: %s", exc)
             await asyncio.sleep(every)
 
-    def serve(self, port: int, host: str = "127.0.0.1") -> None:
-        """Serves /metrics on host:port from a background thread."""
-        start_http_server(port, addr=host, registry=self.registry)
+    def serve(self, port: int, host: str = "127.0.0.1",
+              liveness: Callable[[], tuple[int, dict[str, Any]]] | None = None
+              ) -> ThreadingHTTPServer:
+        """Serves /metrics (and /livez, when `liveness` is given: its status and JSON body)
+        on host:port from a background thread, apart from the worker's event loop, so a
+        stuck loop still gets an answer that says so."""
+        registry = self.registry
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/livez" and liveness is not None:
+                    status, body = liveness()
+                    self._send(status, "application/json", json.dumps(body).encode())
+                elif path in ("/metrics", "/"):
+                    self._send(200, CONTENT_TYPE_LATEST, generate_latest(registry))
+                else:
+                    self._send(404, "application/json", b'{"error": "not found"}')
+
+            def _send(self, status: int, kind: str, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        server = ThreadingHTTPServer((host, port), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, name="webhooks-metrics",
+                         daemon=True).start()
+        return server

@@ -126,3 +126,23 @@ SELECT (SELECT count(*) FROM webhooks.deliveries
        (SELECT count(*) FROM webhooks.outbox) AS outbox_statements,
        (SELECT coalesce(extract(epoch FROM now() - min(occurred_at)), 0)
           FROM webhooks.outbox) AS outbox_lag_seconds
+
+-- name: work_due --
+-- Whether a worker has work to do: a captured statement waiting for fan-out, or a
+-- delivery due. The worker's liveness check asks it once the worker made no progress
+-- for WEBHOOKS_LIVENESS_TIMEOUT (service/worker/liveness.py).
+SELECT EXISTS (SELECT 1 FROM webhooks.outbox)
+       OR EXISTS (SELECT 1 FROM webhooks.deliveries
+                   WHERE status = 'pending' AND next_attempt_at <= now()) AS due
+
+-- name: status_workers --
+-- The workers' LISTEN connections, and what each one's last proof of life reported (its
+-- last statement, `SELECT '<json>' AS webhooks_progress`: service/worker/listener.py).
+-- Another role's connections show their text only to members of pg_read_all_stats.
+SELECT a.pid, a.backend_start, a.query_start AS proved_at, a.state,
+       extract(epoch FROM now() - a.query_start)::float8 AS proved_seconds_ago,
+       a.query
+  FROM pg_catalog.pg_stat_activity a
+ WHERE a.application_name = 'webhooks-listener'
+   AND a.datname = pg_catalog.current_database()
+ ORDER BY a.backend_start, a.pid
