@@ -1,15 +1,19 @@
 """Waiting for the database at start-up: a worker started before PostgreSQL (a reboot, a
-container that comes up first) waits for it, one log line per try, instead of failing."""
+container that comes up first) waits for it, one log line per try, instead of failing;
+then, on a database not migrated for this version yet, says so once and waits quietly
+until `webhooks migrate` has run. The API asks `not_migrated` too (service.api.readiness).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 import psycopg
 
-from service.db import conninfo
+from service.db import MIGRATIONS_DIR, YOYO_SCHEMA, conninfo
 
 log = logging.getLogger("webhooks.availability")
 
@@ -31,4 +35,59 @@ async def wait_for_database(url: str, stop: asyncio.Event, *, first: float = 1.0
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), delay)
         delay = min(delay * 2, longest)
+    return False
+
+
+MIGRATE_HINT = "run `webhooks migrate`"
+
+
+def known_migrations() -> frozenset[str]:
+    """The ids of this version's numbered migrations (yoyo's: the file names' stems)."""
+    return frozenset(p.name.removesuffix(".sql") for p in MIGRATIONS_DIR.glob("*.sql")
+                     if not p.name.endswith(".rollback.sql"))
+
+
+async def not_migrated(conn: psycopg.AsyncConnection[Any]) -> str | None:
+    """None when every numbered migration of this version is applied to the database of
+    `conn` (a newer version's too are fine), else what to tell the operator. Two cheap
+    catalogue reads; psycopg's errors are the caller's."""
+    cur = await conn.execute("SELECT pg_catalog.to_regclass(%s) IS NOT NULL",
+                             (f"{YOYO_SCHEMA}._yoyo_migration",))
+    row = await cur.fetchone()
+    if not row or not row[0]:
+        return f"the database is not migrated: {MIGRATE_HINT}"
+    cur = await conn.execute(f"SELECT migration_id FROM {YOYO_SCHEMA}._yoyo_migration")
+    missing = known_migrations() - {r[0] for r in await cur.fetchall()}
+    if missing:
+        return (f"the database is not migrated for this version ({len(missing)} "
+                f"migration{'s' if len(missing) > 1 else ''} to apply): {MIGRATE_HINT}")
+    return None
+
+
+async def wait_until_migrated(url: str, stop: asyncio.Event, *, every: float = 2.0) -> bool:
+    """Returns True once the database at `url` is migrated for this version, False if
+    `stop` is set first. Says so in one log line when it is not, then looks again every
+    `every` seconds without a word (a connection failure meanwhile too: the loop that
+    follows reports those), and in one line when it is."""
+    said = False
+    while not stop.is_set():
+        try:
+            conn = await psycopg.AsyncConnection.connect(conninfo(url), connect_timeout=10,
+                                                         autocommit=True)
+            try:
+                reason = await not_migrated(conn)
+            finally:
+                await conn.close()
+        except psycopg.Error as exc:
+            log.debug("could not check the database's migrations: %s", exc)
+            reason = "unknown"
+        if reason is None:
+            if said:
+                log.info("the database is migrated now; starting")
+            return True
+        if not said and reason != "unknown":
+            log.warning("%s; waiting until it is", reason)
+            said = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every)
     return False

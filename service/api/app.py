@@ -30,16 +30,18 @@ from service.api.apidocs.routes import LocalSwaggerPlugin
 from service.api.auth import provide_principal
 from service.api.errors import (
     EXCEPTION_HANDLERS,
+    NOT_MIGRATED,
     error_responses,
 )
+from service.api.head import head_as_get
 from service.api.metrics import ApiMetrics, MetricsController, request_metrics
 from service.api.models import (
     REQUEST_COMPONENTS,
 )
 from service.api.ratelimit import RateLimiter
+from service.api.readiness import Readiness, readyz, require_migrated
 from service.api.webhooks import (
     Pool,
-    StoreDep,
     create_webhook,
     delete_webhook,
     get_webhook,
@@ -50,6 +52,7 @@ from service.api.webhooks import (
 from service.config import Settings
 from service.crypto import SecretBox
 from service.http import make_client
+from service.logs import protect_url
 from service.store import Store, StoreError, budget, make_pool
 
 log = logging.getLogger("webhooks.api")
@@ -97,19 +100,6 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@get("/readyz", summary="Database reachable", responses=error_responses(503))
-async def readyz(store: StoreDep) -> Response[dict[str, str]]:
-    """200 when `select 1` runs through the pool, else 503."""
-    try:
-        async with asyncio.timeout(2.0):
-            await store.ping()
-    except Exception as exc:
-        # Readiness answers, whatever the failure; the type says enough to an operator.
-        return Response({"error": f"database unreachable ({type(exc).__name__})"},
-                        status_code=503)
-    return Response({"status": "ok"})
-
-
 @get("/livez", summary="Worker making progress", responses=error_responses(503))
 async def livez(state: State) -> Response[dict[str, Any]]:
     """`webhooks run`'s worker: 503 when it made no progress for WEBHOOKS_LIVENESS_TIMEOUT
@@ -136,6 +126,9 @@ async def _make_partitions(store: Store) -> None:
     try:
         await deliveries.ensure_partitions(store)
     except StoreError as exc:
+        if exc.sqlstate in NOT_MIGRATED:  # /readyz and every request say so too
+            log.warning("the database is not migrated: run `webhooks migrate`")
+            return
         log.warning("could not make today's partitions at start-up: %s", exc)
 
 
@@ -148,6 +141,7 @@ def create_app(settings: Settings, pool: Pool | None = None,
     shows its own metrics and those of `other_metrics` (a worker in the same process), and
     GET /livez the `liveness` check of that worker, when one is given."""
     metrics = ApiMetrics(other_metrics)
+    protect_url(settings.database_url)  # no part of its password in a log line or an error
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -167,6 +161,8 @@ def create_app(settings: Settings, pool: Pool | None = None,
             # Each checkout and statement within WEBHOOKS_API_DB_TIMEOUT, and a request's
             # all together too (db_budget).
             app.state.store = Store(app.state.pool, settings.api_db_timeout)
+            # /readyz, and the 503 of every request while the database is not migrated.
+            app.state.readiness = Readiness(app.state.pool)
             # In the background, so that the API binds at once even while the database is
             # down. Not fatal: the worker makes them too, and test events retry after
             # making them; a role that may not create tables gets its error there.
@@ -186,10 +182,11 @@ def create_app(settings: Settings, pool: Pool | None = None,
                         delete_webhook, list_hook_events, *deliveries.HANDLERS,
                         *lifecycle.HANDLERS, *backfills.HANDLERS],
         dependencies={"principal": Provide(provide_principal)},
+        before_request=require_migrated,
         security=[{"BearerToken": []}],
         tags=["webhooks"],
     )
-    return Litestar(
+    app = Litestar(
         route_handlers=[api, healthz, readyz, *([livez] if liveness is not None else []),
                         MetricsController, *dashboard.HANDLERS,
                         apidocs.home],
@@ -220,4 +217,7 @@ def create_app(settings: Settings, pool: Pool | None = None,
             render_plugins=[LocalSwaggerPlugin()],
         ),
     )
+    # HEAD on every GET route answers as GET, without the body (head.py).
+    app.asgi_handler = head_as_get(app.asgi_handler)
+    return app
 

@@ -21,8 +21,9 @@ from litestar.exceptions import (
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.types import ExceptionHandlersMap
 
+from service.api.head import HEAD_MARK, allowed
 from service.logs import redact
-from service.store import StoreUnavailable
+from service.store import StoreRejected, StoreUnavailable
 
 log = logging.getLogger("webhooks.api")
 
@@ -77,8 +78,9 @@ def _not_found(request: Request[Any, Any, Any], exc: NotFoundException) -> Respo
 
 def _not_allowed(request: Request[Any, Any, Any], exc: MethodNotAllowedException
                  ) -> Response[ErrorBody]:
-    allow = (exc.headers or {}).get("allow", "")
-    message = f"method {request.method} is not allowed here"
+    allow = allowed((exc.headers or {}).get("allow", ""))
+    method = "HEAD" if request.scope.get(HEAD_MARK) else request.method
+    message = f"method {method} is not allowed here"
     if allow:
         message += f"; allowed: {allow}"
     return error_response(405, message, {"Allow": allow} if allow else None)
@@ -108,6 +110,22 @@ def _database(request: Request[Any, Any, Any], exc: Exception) -> Response[Error
                           {"Retry-After": str(DATABASE_RETRY_AFTER)})
 
 
+# No such table, schema or function: the database is not migrated for this version (a
+# query of a request found the service's tables missing).
+NOT_MIGRATED = ("42P01", "3F000", "42883")
+
+
+def _rejected(request: Request[Any, Any, Any], exc: StoreRejected) -> Response[ErrorBody]:
+    if exc.sqlstate not in NOT_MIGRATED:
+        return _unexpected(request, exc)
+    log.error("the database is not migrated for this version (%s)", exc.sqlstate)
+    readiness = getattr(request.app.state, "readiness", None)
+    if readiness is not None:
+        readiness.migrated = False  # the next requests check first (readiness.py)
+    return error_response(503, "the database is not migrated for this version: run "
+                               "`webhooks migrate`")
+
+
 def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:
     # The type alone: messages of unexpected errors may quote request data.
     handler = getattr(request.scope.get("route_handler"), "handler_name", "?")
@@ -122,6 +140,7 @@ EXCEPTION_HANDLERS: ExceptionHandlersMap = {
     MethodNotAllowedException: _not_allowed,
     HTTPException: _http,
     StoreUnavailable: _database,
+    StoreRejected: _rejected,
     Exception: _unexpected,
 }
 
@@ -134,7 +153,7 @@ ERROR_RESPONSES_DOC = {
     413: f"request body larger than WEBHOOKS_MAX_BODY_BYTES (default {MAX_BODY_SIZE} bytes)",
     429: "too many requests with this token (WEBHOOKS_RATE_LIMIT); Retry-After says when "
          "to try again",
-    503: "database unavailable",
+    503: "database unavailable, or not migrated for this version (run `webhooks migrate`)",
 }
 
 
