@@ -292,12 +292,12 @@ CREATE_SCHEMA = Schema(
 UPDATE_SCHEMA = Schema(
     title="UpdateSubscription",
     type=OpenAPIType.OBJECT,
-    required=["active"],
     additional_properties=False,
-    description="active changes; a new target moves the subscription after the verification "
-                "handshake with its secret (id, secret and log stay); id, resource and events "
-                "may be sent with their current values; last_* fields are read-only and "
-                "ignored.",
+    description="active and/or target; a field left out keeps its value. A new target "
+                "moves the subscription after the verification handshake with a newly made "
+                "secret, which then signs (the old one beside it for the rotation overlap); "
+                "id and log stay; id, resource and events may be sent with their current "
+                "values; last_* fields are read-only and ignored.",
     properties={
         "active": Schema(type=OpenAPIType.BOOLEAN),
         "id": Schema(type=OpenAPIType.INTEGER),

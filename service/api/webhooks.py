@@ -164,25 +164,29 @@ async def _check_target(target: str, settings: Settings) -> None:
 async def _move_target(store: Store, number: int, target: str, principal: Principal,
                        settings: Settings, client: httpx.AsyncClient, box: SecretBox,
                        metrics: ApiMetrics) -> None:
-    """Moves the subscription to `target` once the target has echoed the subscription's own
-    secret (no connection is held during the handshake); 400 and nothing changed when it
-    does not. Nothing to do when `target` is the current one."""
-    row = await store.subscription_secret(id=number, owner=principal.owner,
-                                          tenant=principal.tenant)
-    if row is None:
+    """Moves the subscription to `target` once the target has echoed a newly made secret
+    (never the live one: a URL nobody verified yet gets nothing that signs; no connection
+    is held during the handshake). The new secret then signs, and the one it replaces
+    beside it for WEBHOOKS_SECRET_OVERLAP, as after a rotation; 400 and nothing changed
+    when the handshake fails. Nothing to do when `target` is the current one."""
+    current = await store.subscription_target(id=number, owner=principal.owner,
+                                              tenant=principal.tenant)
+    if current is None:
         raise ApiError(404, f"no webhook with id {number}")
-    if row["target"] == target:
+    if current == target:
         return
     await _check_target(target, settings)
+    secret = new_secret()
     try:
-        await verify(client, target, box.open(row["secret"]), settings.verify_timeout)
+        await verify(client, target, secret, settings.verify_timeout)
     except HandshakeFailed as exc:
         metrics.handshake(exc.outcome)
         raise ApiError(400, f"target verification failed, the target is unchanged: {exc}"
                        ) from None
     metrics.handshake("verified")
-    if not await store.set_subscription_target(id=number, target=target,
-                                               previous=row["target"]):
+    if not await store.set_subscription_target(id=number, target=target, previous=current,
+                                               secret=box.seal(secret),
+                                               overlap=settings.secret_overlap):
         raise ApiError(409, f"webhook {number}'s target changed during the handshake; "
                             "send the request again")
 
@@ -346,13 +350,13 @@ async def update_webhook(
     box: BoxDep,
     metrics: MetricsDep,
 ) -> Response[Subscription]:
-    """Sets `active`, and may move the subscription to a new `target` (verified by the
-    handshake with its secret first; its id, secret and log stay); other fields may be
-    sent only with their current values."""
+    """Sets `active` and/or moves the subscription to a new `target` (verified by the
+    handshake with a newly made secret, which then signs; its id and log stay); a field
+    left out keeps its value; other fields may be sent only with their current values."""
     number = _subscription_id(webhook_id)
     body = parse_object(await request.body())
-    check_fields(body, UPDATE_FIELDS, ("active",))
-    active = bool_field(body, "active")
+    check_fields(body, UPDATE_FIELDS, ())
+    wanted = bool_field(body, "active") if "active" in body else None
     text = events_field(body) if "events" in body else None
     if "target" in body:
         await _move_target(store, number, string_field(body, "target"), principal, settings,
@@ -363,6 +367,7 @@ async def update_webhook(
         if row is None:
             raise ApiError(404, f"no webhook with id {number}")
         current = to_subscription(row)
+        active = current.active if wanted is None else wanted
         names = None
         if text is not None:
             # Compared as the create would have stored them: bare verbs, aliases, order.

@@ -115,13 +115,17 @@ class ApiQueries(AsyncQueries):
         row = await self._one("api_subscription_filter_path", {"id": id})
         return row["filter_path"] if row else None
 
-    async def subscription_secret(self, *, id: int, owner: str, tenant: str | None
-                                  ) -> dict[str, Any] | None:
-        """The caller's subscription's target and stored secret ({"target", "secret"})."""
-        return await self._one("api_subscription_secret",
-                               {"id": id, "owner": owner, "tenant": tenant})
+    async def subscription_target(self, *, id: int, owner: str, tenant: str | None
+                                  ) -> str | None:
+        """The caller's subscription's target, or None when it is not the caller's."""
+        row = await self._one("api_subscription_target",
+                              {"id": id, "owner": owner, "tenant": tenant})
+        return None if row is None else str(row["target"])
 
-    async def set_subscription_target(self, *, id: int, target: str, previous: str) -> bool:
-        """Moves the subscription to `target` if its target is still `previous`."""
-        return await self._one("api_subscription_set_target",
-                               {"id": id, "target": target, "previous": previous}) is not None
+    async def set_subscription_target(self, *, id: int, target: str, previous: str,
+                                      secret: str, overlap: float) -> bool:
+        """Moves the subscription to `target` with the (sealed) `secret` it verified, if
+        its target is still `previous`; the secret it replaces signs for `overlap` s."""
+        return await self._one("api_subscription_set_target", {
+            "id": id, "target": target, "previous": previous, "secret": secret,
+            "overlap": overlap}) is not None

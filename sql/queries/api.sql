@@ -164,15 +164,23 @@ SELECT coalesce(sum(octet_length(filter_path::text)), 0)::bigint AS used,
 -- name: api_subscription_filter_path --
 SELECT filter_path::text AS filter_path FROM webhooks.subscriptions WHERE id = %(id)s
 
--- name: api_subscription_secret --
--- The caller's subscription's target and stored secret, for a handshake with a new target.
-SELECT target, secret FROM webhooks.subscriptions
+-- name: api_subscription_target --
+-- The caller's subscription's target, before a handshake with a new target.
+SELECT target FROM webhooks.subscriptions
  WHERE id = %(id)s AND owner = %(owner)s
    AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
 
 -- name: api_subscription_set_target --
--- Moves the subscription to a target the handshake verified, unless its target changed
--- meanwhile (another request): then nothing, and the API says so.
-UPDATE webhooks.subscriptions SET target = %(target)s
+-- Moves the subscription to a target the handshake verified with a newly made secret
+-- (sealed), unless its target changed meanwhile (another request): then nothing, and the
+-- API says so. The new secret signs from now on; the one it replaces keeps signing beside
+-- it for %(overlap)s seconds (none when 0), as after a rotation.
+UPDATE webhooks.subscriptions AS s
+   SET target = %(target)s,
+       previous_secret = CASE WHEN %(overlap)s::float8 > 0 THEN s.secret END,
+       previous_secret_expires_at = CASE WHEN %(overlap)s::float8 > 0
+                                         THEN now() + make_interval(secs => %(overlap)s)
+                                    END,
+       secret = %(secret)s
  WHERE id = %(id)s AND target = %(previous)s
 RETURNING id

@@ -49,18 +49,18 @@ def refused(connection: psycopg.Connection, statement: str) -> str:
     return raised.value.diag.message_hint or ""
 
 
-def build_view(conn: psycopg.Connection, as_app: psycopg.Connection) -> None:  # noqa: F811
+def build_view(conn: psycopg.Connection, owner: psycopg.Connection) -> None:
     """Turns the attached public.items into a view running public.evil(), as its owner,
     with the event triggers off (as on a server where the service could not install them)."""
     conn.execute(EVIL)
     for name in ("webhooks_alter_table", "webhooks_drop", "webhooks_guard",
                  "webhooks_drop_guard"):
         conn.execute(f"ALTER EVENT TRIGGER {name} DISABLE")
-    as_app.execute("INSERT INTO public.items VALUES (1, 'a', 'ann', 's')")
+    owner.execute("INSERT INTO public.items VALUES (1, 'a', 'ann', 's')")
     for statement in VIEW_STEPS:
-        as_app.execute(statement)
+        owner.execute(statement)
     conn.execute("VACUUM public.items")  # clears the table's has-triggers and has-index flags
-    as_app.execute(RULE)
+    owner.execute(RULE)
     assert conn.execute("SELECT relkind FROM pg_class WHERE oid = 'public.items'::regclass"
                         ).fetchone() == ("v",)
 
@@ -71,9 +71,9 @@ def evil_runs(conn: psycopg.Connection) -> list[tuple[str, bool]]:
 
 def test_the_guard_refuses_every_step_that_reshapes_an_attached_table(
         conn: psycopg.Connection, attached: psycopg.Connection) -> None:  # noqa: F811
-    as_app = attached
-    as_app.execute("CREATE UNIQUE INDEX items_u ON public.items (id)")
-    assert "webhooks.detach" in refused(as_app, "ALTER TABLE public.items DROP CONSTRAINT "
+    owner = attached
+    owner.execute("CREATE UNIQUE INDEX items_u ON public.items (id)")
+    assert "webhooks.detach" in refused(owner, "ALTER TABLE public.items DROP CONSTRAINT "
                                                 "items_pkey")
     for statement in [
         "DROP TRIGGER webhooks_1_insert ON public.items",
@@ -82,7 +82,7 @@ def test_the_guard_refuses_every_step_that_reshapes_an_attached_table(
         "ALTER TABLE public.items ENABLE ROW LEVEL SECURITY",
         "CREATE POLICY everyone ON public.items USING (true)",
     ]:
-        assert "webhooks.detach" in refused(as_app, statement), statement
+        assert "webhooks.detach" in refused(owner, statement), statement
     # Nothing changed: the key, the four triggers, no rule, no policy.
     assert conn.execute("SELECT key_columns, key_index::text FROM webhooks.attachments"
                         " WHERE table_oid = 'public.items'::regclass").fetchone() == (
@@ -94,12 +94,12 @@ def test_the_guard_refuses_every_step_that_reshapes_an_attached_table(
     assert conn.execute("SELECT relrowsecurity FROM pg_class WHERE oid = 'public.items'"
                         "::regclass").fetchone() == (False,)
     # What does not touch the key, the triggers or what reading runs still works.
-    as_app.execute("DROP INDEX public.items_u")
-    as_app.execute("ALTER TABLE public.items ADD COLUMN colour text")
+    owner.execute("DROP INDEX public.items_u")
+    owner.execute("ALTER TABLE public.items ADD COLUMN colour text")
     # A key replaced in the transaction that drops the old one pairs the rows from then on.
-    with as_app.transaction():
-        as_app.execute("CREATE UNIQUE INDEX items_tenant_id ON public.items (tenant_id, id)")
-        as_app.execute("ALTER TABLE public.items DROP CONSTRAINT items_pkey")
+    with owner.transaction():
+        owner.execute("CREATE UNIQUE INDEX items_tenant_id ON public.items (tenant_id, id)")
+        owner.execute("ALTER TABLE public.items DROP CONSTRAINT items_pkey")
     assert conn.execute("SELECT key_columns FROM webhooks.attachments"
                         " WHERE table_oid = 'public.items'::regclass").fetchone() == (
         ["tenant_id", "id"],)
@@ -107,7 +107,7 @@ def test_the_guard_refuses_every_step_that_reshapes_an_attached_table(
 
 def test_other_tables_keep_their_rules_policies_and_triggers(
         conn: psycopg.Connection, attached: psycopg.Connection) -> None:  # noqa: F811
-    as_app = attached
+    owner = attached
     for statement in [
         "CREATE TABLE public.notes (id int PRIMARY KEY, body text)",
         "CREATE RULE quiet AS ON INSERT TO public.notes DO INSTEAD NOTHING",
@@ -121,7 +121,7 @@ def test_other_tables_keep_their_rules_policies_and_triggers(
         "ALTER TABLE public.notes DROP CONSTRAINT notes_pkey",
         "DROP TABLE public.notes",
     ]:
-        as_app.execute(statement)
+        owner.execute(statement)
     # The service's own DDL on the attached table passes: detach drops its triggers.
     conn.execute("SELECT webhooks.detach('public.items')")
     assert conn.execute("SELECT count(*) FROM pg_trigger WHERE tgrelid = 'public.items'"

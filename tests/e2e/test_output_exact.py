@@ -97,17 +97,31 @@ async def test_put_moves_the_target_after_the_handshake(api: Api) -> None:
                                     json={"active": True, "target": refusing.url})
         assert refused.status_code == 400, refused.text
         assert "target verification failed, the target is unchanged" in refused.json()["error"]
-        assert api.sql("SELECT target FROM webhooks.subscriptions WHERE id = %s",
-                       sub["id"]) == [(api.receiver.url,)]
+        # The URL nobody verified got a newly made secret, never the live one, and nothing
+        # changed.
+        [tried] = refusing.received
+        assert tried.headers["x-hook-secret"].startswith("whsec_")
+        assert tried.headers["x-hook-secret"] != secret
+        assert api.sql("SELECT target, secret, previous_secret FROM webhooks.subscriptions"
+                       " WHERE id = %s", sub["id"]) == [(api.receiver.url, secret, None)]
+        # Only the target: `active` left out keeps its value.
         ok = await api.request("PUT", f"/api/v1/webhooks/{sub['id']}",
-                               json={"active": True, "target": moved.url})
+                               json={"target": moved.url})
         assert ok.status_code == 200, ok.text
         assert ok.json()["target"] == moved.url and ok.json()["id"] == sub["id"]
-        # The handshake carried the subscription's own secret, which stays.
+        assert ok.json()["active"] is True and "secret" not in ok.json()
+        # The handshake's new secret signs from now on, the old one beside it for the
+        # rotation overlap.
         [handshake] = moved.received
-        assert handshake.headers["x-hook-secret"] == secret
-        assert api.sql("SELECT secret FROM webhooks.subscriptions WHERE id = %s",
-                       sub["id"]) == [(secret,)]
+        new = handshake.headers["x-hook-secret"]
+        assert new.startswith("whsec_") and new not in (secret, tried.headers["x-hook-secret"])
+        assert api.sql("SELECT secret, previous_secret, previous_secret_expires_at > now()"
+                       " FROM webhooks.subscriptions WHERE id = %s", sub["id"]) == [
+            (new, secret, True)]
+        # An empty body changes nothing.
+        same = await api.request("PUT", f"/api/v1/webhooks/{sub['id']}", json={})
+        assert same.status_code == 200, same.text
+        assert same.json() == ok.json()
         bad = await api.request("PUT", f"/api/v1/webhooks/{sub['id']}",
                                 json={"active": True, "target": "ftp://example.com/"})
         assert bad.status_code == 400
