@@ -6,7 +6,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-DEVDB := $(BIN)/python -m service.commands.devdb exec
+# DB_PORT: the private cluster's port (default: where it runs or last ran, else 54329).
+DEVDB := $(BIN)/python -m service.commands.devdb exec $(if $(DB_PORT),--port $(DB_PORT))
 
 .PHONY: help install test test-unit lint run demo status schema-dump bench bench-quick bench-tools chaos fuzz clean
 
@@ -42,7 +43,7 @@ lint: install ## ruff, mypy and import-linter (the layers of service/)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-run: install ## migrate, load the demo schema, print a token, serve the API and a worker
+run: install ## migrate, load the demo schema, print a token, serve the API and a worker (PORT=8000 DB_PORT=54329)
 	WEBHOOKS_ALLOW_PRIVATE_TARGETS=$${WEBHOOKS_ALLOW_PRIVATE_TARGETS:-true} \
 	  $(DEVDB) -- $(BIN)/webhooks dev $(if $(PORT),--port $(PORT))
 

@@ -294,7 +294,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"webhooks: cannot reach the database: {one_line(exc)}", file=sys.stderr)
         if "DATABASE_URL" not in os.environ:
             print("webhooks: DATABASE_URL is not set, so this was make run's private "
-                  f"cluster ({DEFAULT_DATABASE_URL}): start `make run`, or set DATABASE_URL",
+                  f"cluster ({DEFAULT_DATABASE_URL}): start `make run`, or set DATABASE_URL "
+                  "(`make run` prints its cluster's, on whatever port DB_PORT chose)",
                   file=sys.stderr)
         return 1
     except (psycopg.Error, StoreRejected) as exc:

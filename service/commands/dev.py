@@ -32,16 +32,39 @@ def prepare(settings: Settings, token_file: Path) -> str:
     return token
 
 
-def banner(token: str, host: str, port: int) -> str:
-    """What a newcomer needs to try the API right away."""
+def shown_url(url: str) -> str:
+    """`url` to print: its password, if it has one, replaced by `***` (the private
+    cluster's has none)."""
+    scheme, sep, rest = url.partition("://")
+    head, query_sep, query = rest.partition("?")
+    userinfo, at, hostpart = head.rpartition("@")
+    if sep and at and ":" in userinfo:
+        head = f"{userinfo.partition(':')[0]}:***@{hostpart}"
+    if "password=" in query:
+        query = "&".join("password=***" if p.startswith("password=") else p
+                         for p in query.split("&"))
+    return f"{scheme}{sep}{head}{query_sep}{query}"
+
+
+def banner(token: str, host: str, port: int, database_url: str) -> str:
+    """What a newcomer needs to try the API right away, and to reach the same database
+    from another terminal."""
     base = f"http://{host}:{port}"
+    shown = shown_url(database_url)
+    hidden = "   (password not shown)" if shown != database_url else ""
+    demo = "make demo" if port == 8000 else f"make demo API={base}"
     return f"""
-  API      {base}/api/v1/   (docs: {base}/schema)
-  token    {token}
+  API       {base}/api/v1/   (docs: {base}/schema)
+  token     {token}
+  database  {shown}{hidden}
 
   Try it:
     curl -H 'Authorization: Bearer {token}' {base}/api/v1/hook_events
-    make demo        # in another terminal: a receiver, a subscription, signed deliveries
+    {demo:<16} # in another terminal: a receiver, a subscription, signed deliveries
+
+  In another terminal, the commands reach this database with
+    export DATABASE_URL='{shown}'
+    .venv/bin/webhooks status
 """
 
 
@@ -52,6 +75,6 @@ def dev(settings: Settings, host: str, port: int, token_file: str) -> int:
     # Bound first: with the port in use, no banner points at another process's API.
     sock = api_socket(host, port)
     token = prepare(settings, Path(token_file))
-    print(banner(token, host, port), flush=True)
+    print(banner(token, host, port, settings.database_url), flush=True)
     run_loop(run_all(settings, sock, concurrency=settings.concurrency))
     return 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -127,6 +128,42 @@ def start(datadir: Path, port: int = PRIVATE_PORT) -> bool:
     return True
 
 
+def running_port(datadir: Path) -> int | None:
+    """The port the cluster in `datadir` runs on (its postmaster.pid's fourth line), or
+    None when it does not run."""
+    try:
+        lines = (datadir.resolve() / "postmaster.pid").read_text().splitlines()
+        return int(lines[3])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def last_port(datadir: Path) -> int | None:
+    """The port the cluster in `datadir` was last started on (PostgreSQL keeps the
+    command line in postmaster.opts), or None."""
+    try:
+        opts = (datadir.resolve() / "postmaster.opts").read_text()
+    except OSError:
+        return None
+    found = re.search(r'"-p" "(\d+)"', opts)
+    return int(found.group(1)) if found else None
+
+
+def cluster_port(datadir: Path, asked: int | None = None) -> int:
+    """The port of the private cluster: `asked` (`make run DB_PORT=...`), else the one it
+    runs on, else the one it last ran on, else PRIVATE_PORT. So `make demo` and `make
+    status` find the cluster `make run DB_PORT=...` started, and a later `make run` starts
+    it on the same port again."""
+    running = running_port(datadir)
+    if asked is not None:
+        if running is not None and running != asked and answers(private_url(running)):
+            raise SystemExit(
+                f"devdb: the private cluster in {datadir} already runs on port {running}: "
+                "stop what runs it first, or leave DB_PORT out to use it there")
+        return asked
+    return running or last_port(datadir) or PRIVATE_PORT
+
+
 def stop(datadir: Path, mode: str = "fast") -> None:
     """Stops the cluster if it runs (`mode`: smart, fast or immediate, as pg_ctl has them)."""
     datadir = datadir.resolve()
@@ -143,12 +180,13 @@ def restart(datadir: Path, port: int = PRIVATE_PORT, mode: str = "fast") -> None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m service.commands.devdb exec [--shared-ok] -- CMD...`: runs CMD with a
-    DATABASE_URL.
+    """`python -m service.commands.devdb exec [--shared-ok] [--port P] -- CMD...`: runs
+    CMD with a DATABASE_URL.
 
     DATABASE_URL from the environment wins; with --shared-ok a server answering on
-    127.0.0.1:5432 is used next; otherwise the private cluster in .pgdata/ is started,
-    and stopped again when CMD ends.
+    127.0.0.1:5432 is used next; otherwise the private cluster in .pgdata/ (on --port, or
+    where it runs, see cluster_port) is used, started first when it does not run, and
+    stopped again when CMD ends.
     """
     import argparse
 
@@ -158,7 +196,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ex.add_argument("--shared-ok", action="store_true",
                     help="use the server on 127.0.0.1:5432 when it answers")
     ex.add_argument("--datadir", default=".pgdata")
-    ex.add_argument("--port", type=int, default=PRIVATE_PORT)
+    ex.add_argument("--port", type=int, default=None,
+                    help="the private cluster's port (default: the one it runs or last ran "
+                         f"on, else {PRIVATE_PORT})")
     ex.add_argument("cmd", nargs=argparse.REMAINDER)
     sub.add_parser("stop", help="stop the private cluster").add_argument("--datadir",
                                                                          default=".pgdata")
@@ -176,8 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.shared_ok and answers(SHARED_URL):
             env["DATABASE_URL"] = SHARED_URL
         else:
-            started = start(Path(args.datadir), args.port)
-            env["DATABASE_URL"] = private_url(args.port)
+            port = cluster_port(Path(args.datadir), args.port)
+            started = start(Path(args.datadir), port)
+            env["DATABASE_URL"] = private_url(port)
     proc = subprocess.Popen(cmd, env=env)
     # SIGTERM (not only Ctrl-C) ends the command first, then the cluster we started.
     signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
