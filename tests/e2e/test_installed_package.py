@@ -36,7 +36,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "swagger-ui-bundle.js", "swagger-ui.css", "init.js", "swagger-ui.LICENSE.txt")
         } <= set(names)
     assert {f"service/api/dashboard/static/{name}" for name in (
-        "index.html", "app.js", "api.js", "view.js", "dashboard.css")} <= set(names)
+        "index.html", "app.js", "api.js", "view.js", "payload.js", "dashboard.css",
+        "favicon.svg")} <= set(names)
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"

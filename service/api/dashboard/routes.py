@@ -1,4 +1,5 @@
-"""GET /dashboard (the page) and GET /dashboard/static/<name> (its modules and style).
+"""GET /dashboard (the page), GET /dashboard/static/<name> (its modules, style and icon)
+and GET /favicon.ico (the icon).
 
 The files ship inside the package (package data). Only the names in FILES are served, each
 with its media type, `X-Content-Type-Options: nosniff` and a Content-Security-Policy that
@@ -32,6 +33,8 @@ FILES = {
     "app.js": "text/javascript; charset=utf-8",
     "api.js": "text/javascript; charset=utf-8",
     "view.js": "text/javascript; charset=utf-8",
+    "payload.js": "text/javascript; charset=utf-8",
+    "favicon.svg": "image/svg+xml",
     "dashboard.css": "text/css; charset=utf-8",
 }
 
@@ -60,4 +63,10 @@ def dashboard_file(name: Annotated[str, Parameter(description="file name")]) -> 
     return _file(name)
 
 
-HANDLERS = [dashboard, dashboard_file]
+@get("/favicon.ico", include_in_schema=False, sync_to_thread=False)
+def favicon() -> Response[bytes]:
+    """The page's icon, for browsers that ask for it at the root (the API's docs page)."""
+    return _file("favicon.svg")
+
+
+HANDLERS = [dashboard, dashboard_file, favicon]

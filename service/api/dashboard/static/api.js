@@ -44,7 +44,8 @@ function nextCursor(header) {
   }
 }
 
-// One request; resolves to {data, next} or throws an ApiError whose message a person reads.
+// One request; resolves to {data, next, text} (text: the answer as sent) or throws an
+// ApiError whose message a person reads.
 export async function call(method, path, body) {
   const secret = token.get();
   if (!secret) throw new ApiError(0, "Paste an API token and press Connect first.");
@@ -72,5 +73,5 @@ export async function call(method, path, body) {
     if (response.status === 429 && wait) message += ` Try again in ${wait} s.`;
     throw new ApiError(response.status, message);
   }
-  return { data, next: nextCursor(response.headers.get("Link")) };
+  return { data, next: nextCursor(response.headers.get("Link")), text };
 }

@@ -1,6 +1,7 @@
 // The dashboard: subscriptions with their health, a subscription's delivery log, one
 // delivery's attempts and payload, and the actions of SPEC section 8.
 import { ApiError, call, token } from "./api.js";
+import { indented, rawMember } from "./payload.js";
 import { breakableCell, button, cell, clear, el, targetCell, time, timeCell } from "./view.js";
 
 const $ = (id) => document.getElementById(id);
@@ -12,6 +13,7 @@ const state = {
   cursors: [null],    // `before` cursors of the pages seen; the last is the current page
   next: null,         // the cursor of the next (older) page
   delivery: null,     // id of the delivery shown
+  payload: "",        // its payload's text, as sent
   followUp: null,     // timer of the refreshes after an action
   backfill: null,     // timer of the progress of the backfill last started
   hookEvents: [],     // {resource, event} of GET /hook_events/
@@ -431,8 +433,10 @@ async function recover() {
 // --- one delivery ------------------------------------------------------------------------
 
 async function openDelivery(id) {
-  const { data } = await call("GET", `/webhooks/${state.log.id}/deliveries/${id}`);
+  const { data, text } = await call("GET", `/webhooks/${state.log.id}/deliveries/${id}`);
   state.delivery = id;
+  // The payload's text as the API sent it, which is the body the receiver got.
+  state.payload = rawMember(text, "payload") ?? JSON.stringify(data.payload);
   $("delivery-title").textContent = `Delivery ${data.id}`;
   const fields = $("delivery-fields");
   clear(fields);
@@ -451,9 +455,15 @@ async function openDelivery(id) {
       cell(a.error, "failure")));
   }
   if (!(data.attempt_log || []).length) attempts.append(el("tr", {}, el("td", { class: "muted", text: "No attempt yet.", attrs: { colspan: 5 } })));
-  $("payload").textContent = JSON.stringify(data.payload, null, 2);
+  showPayload();
   $("delivery").hidden = false;
   for (const row of $("delivery-rows").children) row.classList.toggle("selected", row.dataset.delivery === String(id));
+}
+
+// As sent, or indented (only the whitespace between its tokens changes).
+function showPayload() {
+  const text = state.payload || "";
+  $("payload").textContent = $("payload-indent").checked ? indented(text) : text;
 }
 
 // --- refreshes ---------------------------------------------------------------------------
@@ -525,6 +535,7 @@ function start() {
   });
   $("refresh-subscriptions").addEventListener("click", () => run(loadSubscriptions));
   $("refresh-log").addEventListener("click", () => run(loadLog));
+  $("payload-indent").addEventListener("change", showPayload);
   $("status-filter").addEventListener("change", () => {
     state.cursors = [null];
     run(loadLog);
