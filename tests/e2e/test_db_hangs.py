@@ -1,0 +1,179 @@
+"""Database connections that die without an error (a TCP proxy, tests/support/proxy.py,
+between the service and PostgreSQL): the worker resumes, nothing committed is lost, the
+API answers within its bound and serves again once connections work."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import httpx
+import psycopg
+import pytest
+from psycopg import sql
+
+from service.store import DeadlineExceeded, Store, make_pool
+from tests.support.api import api_for
+from tests.support.proxy import Proxy, port_of
+from tests.support.receivers import Receiver
+from tests.support.subscriptions import subscribe
+from tests.support.worker import add_invoice, poll, running_worker
+
+# Short deadlines, so that each case takes seconds; the bound checked is the service's
+# (30 s for the worker), not these.
+FAST = {"worker_db_timeout": 1.5, "listen_check_interval": 1.0, "db_connect_timeout": 2.0,
+        "db_tcp_timeout": 5.0, "poll_interval": 0.5}
+WORKER_BOUND = 30.0
+
+
+@pytest.fixture
+def proxy(db_url: str) -> Iterator[Proxy]:
+    with Proxy(port_of(db_url)) as running:
+        yield running
+
+
+def numbers_received(receiver: Receiver) -> set[str]:
+    import json
+    return {json.loads(r.body)["resource"]["number"] for r in receiver.deliveries()}
+
+
+def backends_through(conn: psycopg.Connection, application: str) -> int:
+    row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                       "current_database() AND application_name = %s",
+                       (application,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("fault", ["hang", "reset"])
+async def test_worker_resumes_when_its_connections_stop_answering(
+        db_url: str, conn: psycopg.Connection, receiver: Receiver, proxy: Proxy,
+        fault: str) -> None:
+    """Every connection of the worker (pools and LISTEN) stops answering, or is reset;
+    rows committed afterwards are delivered within the bound, each once."""
+    subscribe(conn, receiver.url, events=["invoice.create"])
+    async with running_worker(proxy.url(db_url), **FAST) as worker:
+        add_invoice(conn, "before")
+        await receiver.wait_for(lambda r: len(r.deliveries()) >= 1, timeout=10)
+        first_listener = worker.listener.connections
+        getattr(proxy, fault)()
+        faulted = time.monotonic()
+        for n in range(5):
+            add_invoice(conn, f"after-{n}")
+        await receiver.wait_for(lambda r: len(r.deliveries()) >= 6, timeout=WORKER_BOUND)
+        took = time.monotonic() - faulted
+        # The LISTEN connection was replaced too, and proves itself again.
+        await poll(lambda: worker.listener.connections > first_listener, timeout=10,
+                   what="a new LISTEN connection")
+        proved = worker.listener.proved_at
+        await poll(lambda: worker.listener.proved_at != proved, timeout=10,
+                   what="a proof of the new LISTEN connection")
+    assert numbers_received(receiver) == {"before", *(f"after-{n}" for n in range(5))}
+    ids = [r.headers["webhook-id"] for r in receiver.deliveries()]
+    assert len(ids) == len(set(ids)) == 6
+    assert took < WORKER_BOUND
+    print(f"{fault}: delivered {took:.1f}s after the fault")
+
+
+async def test_a_hung_listen_connection_is_found_out_and_the_outbox_polled_meanwhile(
+        db_url: str, conn: psycopg.Connection, receiver: Receiver, proxy: Proxy) -> None:
+    """Only the LISTEN connection hangs (the pools' connections were made directly): its
+    proof fails within the interval and the deadline, it is replaced, and a change
+    committed while it hangs is delivered by polling, before any NOTIFY could come."""
+    subscribe(conn, receiver.url, events=["invoice.create"])
+    async with running_worker(db_url, **{**FAST, "poll_interval": 60.0}) as worker:
+        worker.listener._url = proxy.url(db_url)  # its next connection goes through it
+        old_pid = worker.listener.pid
+        conn.execute("SELECT pg_terminate_backend(%s)", (old_pid,))
+        await poll(lambda: worker.listener.connected.is_set()
+                   and worker.listener.pid != old_pid, timeout=10, what="relisten")
+        connections = worker.listener.connections
+        proxy.hang(new=True)
+        add_invoice(conn, "while-hung")
+        await receiver.wait_for(lambda r: len(r.deliveries()) >= 1, timeout=10)
+        # The hung connection failed its proof and was given up (its replacements hang
+        # too until the proxy forwards again).
+        await poll(lambda: not worker.listener.connected.is_set(), timeout=10,
+                   what="the hung LISTEN connection given up")
+        proxy.forward()
+        await poll(lambda: worker.listener.connections > connections, timeout=15,
+                   what="a working LISTEN connection again")
+    assert numbers_received(receiver) == {"while-hung"}
+
+
+async def test_the_api_answers_503_within_its_bound_and_serves_again(
+        db_url: str, proxy: Proxy) -> None:
+    """Every connection to the database hangs (new ones too): a request answers 503 with
+    a JSON error and Retry-After within WEBHOOKS_API_DB_TIMEOUT (with a margin), and once
+    new connections work, every request succeeds, the first one included."""
+    bound = 2.0
+    async with api_for(proxy.url(db_url), api_db_timeout=bound, db_connect_timeout=2.0) as api:
+        async with httpx.AsyncClient(base_url=api.url, headers=api.auth()) as client:
+            assert (await client.get("/api/v1/webhooks/")).status_code == 200
+            proxy.hang(new=True)
+            started = time.monotonic()
+            answers = await asyncio.gather(*(client.get("/api/v1/webhooks/", timeout=30)
+                                             for _ in range(3)))
+            took = time.monotonic() - started
+            for down in answers:
+                assert down.status_code == 503, down.text
+                assert set(down.json()) == {"error"}
+                assert int(down.headers["retry-after"]) > 0
+            assert took < bound + 1.5, f"held {took:.1f}s"
+            proxy.forward()
+            statuses = [(await client.get("/api/v1/webhooks/")).status_code
+                        for _ in range(20)]
+            assert statuses == [200] * 20
+    print(f"API: 503 after {took:.2f}s (bound {bound}s)")
+
+
+async def test_pooled_connections_the_server_closed_are_replaced_before_use(
+        db_url: str, conn: psycopg.Connection) -> None:
+    """Every idle pooled connection is terminated by the server (as at a restart): the
+    next reads all succeed, none on a dead connection."""
+    pool = make_pool(db_url, min_size=4, max_size=4, name="t-closed")
+    await pool.open(wait=True)
+    try:
+        store = Store(pool, 2.0)
+        await asyncio.gather(*(store.ping() for _ in range(8)))
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                     " WHERE datname = current_database() AND application_name = "
+                     "'webhooks-t-closed'")
+        for _ in range(8):
+            await store.ping()
+    finally:
+        await pool.close()
+
+
+async def test_a_statement_on_a_hung_connection_is_abandoned_and_cancelled(
+        db_url: str, conn: psycopg.Connection, proxy: Proxy) -> None:
+    """A statement whose connection stops answering ends at its deadline with
+    DeadlineExceeded; the statement is cancelled on the server (which the cancel request,
+    on a new connection through the proxy, still reaches) and the pool goes on."""
+    pool = make_pool(proxy.url(db_url), min_size=1, max_size=2, name="t-hung")
+    await pool.open(wait=True)
+    try:
+        store = Store(pool, 1.0)
+        await store.ping()
+        async with store.session() as s:
+            task = asyncio.ensure_future(s._execute(sql.SQL("SELECT pg_sleep(30)")))
+            await poll(lambda: sleeping(conn) == 1, timeout=5, what="the statement running")
+            proxy.hang()
+            started = time.monotonic()
+            with pytest.raises(DeadlineExceeded):
+                await task
+            assert time.monotonic() - started < 1.5
+        await poll(lambda: sleeping(conn) == 0, timeout=10,
+                   what="the abandoned statement cancelled on the server")
+        await store.ping()  # a new connection
+    finally:
+        await pool.close()
+
+
+def sleeping(conn: psycopg.Connection) -> int:
+    row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                       "current_database() AND state = 'active' AND query LIKE "
+                       "'SELECT pg_sleep(30)%'").fetchone()
+    assert row is not None
+    return int(row[0])
