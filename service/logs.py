@@ -174,7 +174,8 @@ class JsonFormatter(logging.Formatter):
         for key in ("message", "error"):
             if isinstance(data.get(key), str):
                 data[key] = redact(str(data[key]))
-        return redact(json.dumps(data, default=str))
+        # JSON escapes every control character but DEL (printable_json).
+        return printable_json(redact(json.dumps(data, default=str)))
 
 
 def setup_logging(fmt: str = "text", level: str = "INFO") -> None:
