@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 # setuptools warns on every editable install that a folder named like the package could
 # shadow it: that folder is the package.
-	PYTHONWARNINGS=ignore $(BIN)/pip install --quiet -e '.[test,dev]'
+	PYTHONWARNINGS=ignore $(BIN)/pip install --quiet -e '.[test,dev,otel]'
 	@touch $@
 
 install: $(STAMP) ## create .venv with the service and its dependencies

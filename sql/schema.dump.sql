@@ -597,13 +597,19 @@ BEGIN
     -- The one statement that queues a change, from the subquery (%7$s) that gives its
     -- rows: none when they are NULL (a statement that changed no row, or no row whose
     -- captured form changed).
+    -- The writer's trace context (webhooks.traceparent, webhooks.tracestate) goes along as
+    -- given: the worker sends only well-formed values, so a malformed one never fails the
+    -- writer's statement.
     v_queue := $q$INSERT INTO webhooks.outbox (hook_resource, name, resource, parent_resource,
                                      include_row, user_setting, role, occurred_at, rows,
-                                     tenant_scoped, xid, include_previous)
+                                     tenant_scoped, xid, include_previous, traceparent,
+                                     tracestate)
         SELECT %1$L, v_name, %2$L, %3$L, %4$L,
                pg_catalog.current_setting('webhooks.user_id', true), session_user,
                pg_catalog.statement_timestamp(), x.rows, %5$L,
-               pg_catalog.pg_current_xact_id(), %6$L
+               pg_catalog.pg_current_xact_id(), %6$L,
+               pg_catalog.left(pg_catalog.current_setting('webhooks.traceparent', true), 64),
+               pg_catalog.left(pg_catalog.current_setting('webhooks.tracestate', true), 513)
           FROM (%7$s) x
          WHERE x.rows IS NOT NULL;$q$;
     -- An UPDATE's rows whose captured form changed, each paired with its old row on the
@@ -641,11 +647,13 @@ BEGIN
         v_update := format($moves$INSERT INTO webhooks.outbox (hook_resource, name, resource,
                                      parent_resource, include_row, user_setting, role,
                                      occurred_at, rows, tenant_scoped, xid, include_previous,
-                                     audience)
+                                     audience, traceparent, tracestate)
         SELECT %1$L, x.name, %2$L, %3$L, %4$L,
                pg_catalog.current_setting('webhooks.user_id', true), session_user,
                pg_catalog.statement_timestamp(), x.rows, true,
-               pg_catalog.pg_current_xact_id(), %5$L, x.audience
+               pg_catalog.pg_current_xact_id(), %5$L, x.audience,
+               pg_catalog.left(pg_catalog.current_setting('webhooks.traceparent', true), 64),
+               pg_catalog.left(pg_catalog.current_setting('webhooks.tracestate', true), 513)
           FROM (WITH pairs AS (
                     SELECT u.*, u.paired AND NOT coalesce(u.t OPERATOR(pg_catalog.=) u.t0,
                                                           u.t IS NULL AND u.t0 IS NULL)
@@ -787,6 +795,8 @@ CREATE TABLE webhooks.outbox (
     xid xid8,
     include_previous boolean DEFAULT false NOT NULL,
     audience text,
+    traceparent text,
+    tracestate text,
     CONSTRAINT outbox_audience_check CHECK ((audience = ANY (ARRAY['untenanted'::text, 'tenanted'::text])))
 );
 
@@ -2500,7 +2510,9 @@ CREATE TABLE webhooks.events (
     tenant text,
     occurred_at timestamp with time zone NOT NULL,
     body text NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    traceparent text,
+    tracestate text
 )
 PARTITION BY RANGE (created_at);
 

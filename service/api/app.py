@@ -24,7 +24,7 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 from prometheus_client import CollectorRegistry
 
 from service import __version__
-from service.api import backfills, dashboard, deliveries, lifecycle
+from service.api import backfills, dashboard, deliveries, lifecycle, tracing
 from service.api.apidocs import routes as apidocs
 from service.api.apidocs.routes import LocalSwaggerPlugin
 from service.api.auth import provide_principal
@@ -204,6 +204,7 @@ def create_app(settings: Settings, pool: Pool | None = None,
         middleware=[request_metrics(metrics), apidocs.page_headers,
                     db_budget(settings.api_db_timeout)],
         lifespan=[lifespan],
+        plugins=tracing.plugins(),
         exception_handlers=EXCEPTION_HANDLERS,
         request_max_body_size=settings.max_body_bytes,
         logging_config=None,

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from service.config import Settings
 from service.crypto import SecretBox, SecretsError
 from service.curl import CurlClient
-from service.worker import delivery
+from service.worker import delivery, tracing
 from service.worker.delivery import Claim, Outcome
 from service.worker.metrics import WorkerMetrics, WorkerStats
 from service.worker.recorder import Recorder
@@ -61,6 +61,7 @@ class Attempts:
         self._wake = wake
         self._stranded = stranded  # a degraded subscription has claims waiting
         self._secrets = SecretCache(SecretBox(settings.encryption_key))
+        self._tracer = tracing.tracer()
         self._queue: asyncio.Queue[Claim] = asyncio.Queue()
         self._senders: list[Sender] = []
         self._watchdog: asyncio.Task[None] | None = None
@@ -205,5 +206,5 @@ class Attempts:
                                    attempted_at=time.time(), duration_ms=0.0,
                                    error=str(exc))
         return await delivery.send(self._session, c, secret, self.settings, previous,
-                                   expired=lambda: sender.expired)
+                                   expired=lambda: sender.expired, tracer=self._tracer)
 

@@ -26,6 +26,10 @@ from service.store import Store
 from service.store.worker import ClaimParams
 from service.worker.retry import next_delay
 from service.worker.signing import message_id, signed_headers
+from service.worker.tracing import Attempt, Tracer
+
+# Trace headers without exporting spans: the tracer of callers that give none.
+TRACE_HEADERS_ONLY = Tracer()
 
 log = logging.getLogger("webhooks.delivery")
 
@@ -74,6 +78,9 @@ class Claim:
     # A strict subscription's: its outcome is recorded at once, since the record unparks
     # the next delivery (the recorder lets others gather for a moment when few).
     strict: bool = False
+    # The writing transaction's trace context, as it set it (service.tracecontext).
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,9 +129,10 @@ def leased(rows: Sequence[Sequence[Any]] | None) -> list[Claim]:
     """The deliveries a fan-out made leased (FanoutBatch.claims: JSON arrays of Claim's
     fields, timestamps in ISO 8601), as claims."""
     return [Claim(d, attempts, sid, owner, active, target, secret, event, body,
-                  datetime.fromisoformat(due), previous, datetime.fromisoformat(created))
+                  datetime.fromisoformat(due), previous, datetime.fromisoformat(created),
+                  traceparent=traceparent, tracestate=tracestate)
             for (d, attempts, sid, owner, active, target, secret, event, body, due, previous,
-                 created) in rows or ()]
+                 created, traceparent, tracestate) in rows or ()]
 
 
 def saturated(busy: Mapping[int, int], per_target: int, degraded: Collection[int]
@@ -179,7 +187,8 @@ def target_url(target: str, allow_private: bool) -> URL:
 
 async def send(session: CurlClient, c: Claim, secret: str, settings: Settings,
                previous: str | None = None, *,
-               expired: Callable[[], bool] | None = None) -> Outcome:
+               expired: Callable[[], bool] | None = None,
+               tracer: Tracer | None = None) -> Outcome:
     """Makes one POST attempt of the claimed delivery, signed with `secret` (the plain one)
     and, during a rotation's overlap, with `previous` (the plain secret before it) too.
 
@@ -187,7 +196,8 @@ async def send(session: CurlClient, c: Claim, secret: str, settings: Settings,
     `expired` is given, by the caller, who cancels the task at the deadline and answers
     True to `expired()` then (the worker's senders: one watchdog for all, no timer per
     attempt). Returns the attempt's outcome: what the delivery becomes and when it is
-    retried.
+    retried. Its POST carries the trace headers of the attempt's span (`tracer`:
+    service.worker.tracing).
     """
     body = c.body.encode()
     now = time.time()  # anything raised before the try is a crash: the worker records it
@@ -195,9 +205,13 @@ async def send(session: CurlClient, c: Claim, secret: str, settings: Settings,
     started = time.perf_counter()
     status = 0
     error: str | None = None
+    error_type: str | None = None
     retry_after: str | None = None
+    span: Attempt | None = None
     try:
         url = target_url(c.target, settings.allow_private_targets)
+        span = (tracer or TRACE_HEADERS_ONLY).attempt(c, url)
+        headers.update(span.headers)
         if expired is None:
             # One bound for the whole attempt: connect, send, answer.
             async with asyncio.timeout(settings.delivery_timeout):
@@ -215,10 +229,15 @@ async def send(session: CurlClient, c: Claim, secret: str, settings: Settings,
                 raise TimeoutError from None
     except TimeoutError:
         status, error = 0, f"timed out after {settings.delivery_timeout:g}s"
+        error_type = "timeout"
     except (TargetRejected, AttemptError) as exc:
-        status, error = 0, str(exc)
+        status, error, error_type = 0, str(exc), type(exc).__name__
     except (OSError, ValueError) as exc:
         status, error = 0, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        error_type = type(exc).__name__
+    finally:
+        if span is not None:
+            span.end(status, error_type)
     duration_ms = (time.perf_counter() - started) * 1000.0
     if error is not None:
         error = redact(error)

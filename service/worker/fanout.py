@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from service.store import Store, StoreRejected
 from service.store.fanout import FanoutParams
 from service.store.worker import ClaimParams
+from service.worker import tracing
 
 log = logging.getLogger("webhooks.fanout")
 
@@ -93,8 +95,10 @@ def fanout_params(limit: int, max_row_bytes: int, careful: bool = False,
 
 async def _fan_out(store: Store, limit: int, max_row_bytes: int,
                    careful: bool) -> FanoutBatch:
+    started = time.time_ns()
     row = await store.fanout(FanoutBatch, fanout_params(limit, max_row_bytes, careful))
     assert row is not None
+    tracing.tracer().fanout(started, row.taken, row.changes, row.created)
     return row
 
 

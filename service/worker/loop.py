@@ -31,7 +31,7 @@ from service.availability import wait_for_database, wait_until_migrated
 from service.config import Settings
 from service.curl import CurlClient
 from service.store import QUEUE_SETTINGS, Session, Store, StoreError, StoreRejected, make_pool
-from service.worker import delivery
+from service.worker import delivery, tracing
 from service.worker.attempts import Attempts
 from service.worker.backfill import backfill_loop
 from service.worker.delivery import Claim, Outcome
@@ -388,6 +388,7 @@ class Worker:
         self.stats.round_trips += 1
         limit = self.fanout_size.limit
         claim = self.pacing.claim_params(wanted)
+        started = time.time_ns()
         try:
             if quiet:
                 batch = await self.queue.fanout(FanoutBatch, fanout_params(
@@ -413,6 +414,7 @@ class Worker:
         # claims would then wait out their lease).
         claims = delivery.in_start_order(rows)
         self._attempts.start(claims)
+        tracing.tracer().fanout(started, batch.taken, batch.changes, batch.created)
         # The senders go first (a fresh change's POST is the latency that counts); the
         # bookkeeping below waits one turn of the loop.
         await asyncio.sleep(0)

@@ -54,11 +54,13 @@ WITH lock AS (
     -- work_mem: about 4,000 changes).
     SELECT nextval('webhooks.event_ids'::regclass) AS event_id, ordered.hook_resource,
            ordered.name, ordered.resource, ordered.parent_resource, ordered.occurred_at,
-           ordered.xid, ordered.audience, ordered.resource_id, ordered.parent_id, ordered.user_id,
+           ordered.xid, ordered.audience, ordered.traceparent, ordered.tracestate,
+           ordered.resource_id, ordered.parent_id, ordered.user_id,
            ordered.tenant_scoped, ordered.tenant, ordered.row_data, ordered.problem,
            ordered.raw, ordered.changed, ordered.row_json, ordered.previous_json
       FROM (SELECT (b.o).hook_resource, (b.o).name, (b.o).resource, (b.o).parent_resource,
-                   (b.o).occurred_at, (b.o).xid, (b.o).audience, c.*
+                   (b.o).occurred_at, (b.o).xid, (b.o).audience, (b.o).traceparent,
+                   (b.o).tracestate, c.*
               FROM (SELECT bb.id, bb.o FROM batch bb ORDER BY bb.id) b
              CROSS JOIN LATERAL webhooks.change_rows(b.o, %(careful)s) c
              ORDER BY b.id, c.n) ordered
@@ -113,7 +115,8 @@ WITH lock AS (
                                         WHERE s.id = se.subscription_id),
                                       ch.row_data, ch.changed))
 ), kept AS (
-    INSERT INTO webhooks.events (id, hook_resource, name, tenant, occurred_at, body)
+    INSERT INTO webhooks.events (id, hook_resource, name, tenant, occurred_at, body,
+                                 traceparent, tracestate)
     SELECT ch.event_id, ch.hook_resource, ch.name, ch.tenant, ch.occurred_at,
            '{"event": '
            || webhooks.event_json(
@@ -128,12 +131,13 @@ WITH lock AS (
            -- target would take.
            || webhooks.body_member('resource', r.json_text, %(max_row_bytes)s)
            || webhooks.body_member('previous', p.json_text, %(max_row_bytes)s)
-           || '}'
+           || '}',
+           ch.traceparent, ch.tracestate
       FROM changes ch
      CROSS JOIN LATERAL webhooks.json_in_order(ch.row_json) r
      CROSS JOIN LATERAL webhooks.json_in_order(ch.previous_json) p
      WHERE ch.event_id IN (SELECT event_id FROM matched)
-    RETURNING id, name, body
+    RETURNING id, name, body, traceparent, tracestate
 ), leasable AS MATERIALIZED (
     -- The deliveries made leased (see the top): looked at only when the batch makes at
     -- most %(take)s and at most 64 deliveries, so a large fan-out never ranks its rows
@@ -218,7 +222,8 @@ SELECT (SELECT ok FROM lock) AS locked,
        -- fields, in its order), each a JSON array; NULL when none.
        (SELECT json_agg(json_build_array(c.id, c.attempts, c.subscription_id, l.owner, true,
                                          l.target, l.secret, k.name, k.body, now(),
-                                         l.previous_secret, c.created_at) ORDER BY c.id)
+                                         l.previous_secret, c.created_at, k.traceparent,
+                                         k.tracestate) ORDER BY c.id)
           FROM (SELECT * FROM created c WHERE c.attempts = 1) c
           JOIN leasable l ON l.event_id = c.event_id AND l.subscription_id = c.subscription_id
           JOIN kept k ON k.id = c.event_id) AS claims

@@ -119,7 +119,8 @@ WITH floor AS (
                           ELSE %(per_target)s END
 ), chosen AS MATERIALIZED (
     SELECT c.id, c.created_at, c.part, c.tid, c.due, s.owner, s.active, s.target,
-           s.secret, s.ordering = 'strict' AS strict, e.name, e.body,
+           s.secret, s.ordering = 'strict' AS strict, e.name, e.body, e.traceparent,
+           e.tracestate,
            -- During a rotation's overlap the secret before it signs too.
            CASE WHEN s.previous_secret_expires_at > now() THEN s.previous_secret END
                AS previous_secret
@@ -140,7 +141,8 @@ WITH floor AS (
      -- order probed every day kept before it (with 30 days of partitions, 21 us of each
      -- claimed delivery's 50).
      CROSS JOIN LATERAL (
-        SELECT e.name, e.body FROM webhooks.events e WHERE e.id = c.event_id
+        SELECT e.name, e.body, e.traceparent, e.tracestate
+          FROM webhooks.events e WHERE e.id = c.event_id
          ORDER BY e.created_at DESC LIMIT 1) e
 )
 UPDATE webhooks.deliveries d
@@ -159,7 +161,8 @@ UPDATE webhooks.deliveries d
    AND d.created_at <= now()
    AND d.tableoid = c.part AND d.ctid = c.tid
 RETURNING d.id, d.attempts, d.subscription_id, c.owner, c.active, c.target, c.secret,
-          c.name AS event, c.body, c.due, d.created_at, c.previous_secret, c.strict
+          c.name AS event, c.body, c.due, d.created_at, c.previous_secret, c.strict,
+          c.traceparent, c.tracestate
 
 -- name: others_due --
 -- The worker's lane for the queues that the claim's oldest-first scan does not reach: the
