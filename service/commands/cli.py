@@ -286,6 +286,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`webhooks status | head`): nothing more to say, no traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except SystemExit as exc:
         if isinstance(exc.code, str):
             raise SystemExit(printable(redact(exc.code))) from None

@@ -119,3 +119,15 @@ def test_status_with_nothing_set_aside(conn: psycopg.Connection) -> None:
     text = render(data)
     assert "Set-aside changes  0" in text
     assert "Worker tasks    no crash in the last day" in text
+
+
+def test_counts_are_singular_or_plural(conn: psycopg.Connection) -> None:
+    conn.execute("""
+        INSERT INTO webhooks.subscriptions (owner, resource, events, target, secret, active)
+        VALUES ('o', 'invoices', '{invoice.create}', 'http://a.example/', 's', true)""")
+    conn.execute("INSERT INTO invoices (number, customer, amount) VALUES ('S', 'c', 1)")
+    text = render(collect(conn))
+    assert "(1 active subscription," in text and "1 active subscriptions" not in text
+    assert "(0 active subscriptions," in text  # payments: nobody subscribes
+    assert "Outbox backlog  1 change in 1 statement," in text
+    assert "Last hour       0 attempts, 0 failures" in text
