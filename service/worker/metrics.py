@@ -145,12 +145,18 @@ class WorkerMetrics:
                 else:
                     self._send(404, "application/json", b'{"error": "not found"}')
 
+            def do_HEAD(self) -> None:
+                # As GET, without the body (uptime monitors and health checks use HEAD).
+                self.head = True
+                self.do_GET()
+
             def _send(self, status: int, kind: str, body: bytes) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                if not getattr(self, "head", False):
+                    self.wfile.write(body)
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass

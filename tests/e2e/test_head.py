@@ -7,9 +7,12 @@ import asyncio
 import re
 from urllib.parse import urlsplit
 
+import httpx
+
 from service.api.app import create_app
 from service.config import Settings
 from tests.support.api import Api, assert_error
+from tests.support.net import free_port
 
 # Path parameters filled in so that each route is reached (an unknown id answers 404 to
 # GET and HEAD alike).
@@ -77,3 +80,26 @@ async def test_head_on_a_route_without_get_is_405(api: Api) -> None:
     response = await api.request("DELETE", "/healthz")
     assert_error(response, 405, "method DELETE is not allowed")
     assert "HEAD" in response.headers["allow"].split(", ")
+
+
+async def test_head_on_the_workers_metrics_and_liveness() -> None:
+    from service.worker.metrics import WorkerMetrics
+
+    port = free_port()
+    server = WorkerMetrics().serve(port, liveness=lambda: (200, {"status": "ok"}))
+    try:
+        for path in ("/metrics", "/livez", "/nothing"):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(f"HEAD {path} HTTP/1.0\r\n\r\n".encode())
+            await writer.drain()
+            raw = await asyncio.wait_for(reader.read(), 10)  # HTTP/1.0: closed after
+            writer.close()
+            head, _, rest = raw.partition(b"\r\n\r\n")
+            async with httpx.AsyncClient() as http:
+                got = await http.get(f"http://127.0.0.1:{port}{path}")
+            assert head.startswith(f"HTTP/1.0 {got.status_code}".encode()), raw
+            assert f"content-type: {got.headers['content-type']}".encode() in head.lower()
+            assert rest == b"", raw
+    finally:
+        server.shutdown()
+        server.server_close()
