@@ -131,7 +131,7 @@ async def _subscribe_and_write(api: str, token: str, target: str, database_url: 
             raise SystemExit(f"webhooks demo: subscribing failed: {created.status_code} "
                              f"{created.text}")
         sub = created.json()
-        print(f"subscribed: {json.dumps(sub)}")
+        print(f"subscribed: {printable_json(json.dumps(sub))}")
         try:
             invoice = _psql(database_url,
                             "INSERT INTO invoices (number, customer, amount, updated_by) "
@@ -140,7 +140,8 @@ async def _subscribe_and_write(api: str, token: str, target: str, database_url: 
             _psql(database_url,
                   f"INSERT INTO payments (invoice_id, amount, card_token, updated_by) "
                   f"VALUES ({int(invoice)}, 120.00, 'tok_never_sent', 'demo')")
-            print(f"inserted invoice {invoice} and a payment with psql; waiting for deliveries")
+            print(f"inserted invoice {printable(invoice)} and a payment with psql; waiting for "
+                  "deliveries")
             deadline = time.monotonic() + 30
             while len(receiver.deliveries) < 2 and time.monotonic() < deadline:
                 receiver.arrived.clear()
