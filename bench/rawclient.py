@@ -27,13 +27,34 @@ HEADERS = {"Content-Type": "application/json"}
 Post = Callable[[], Awaitable[None]]
 
 
+# The body of every request (--body-bytes makes a larger one) and the CA file trusted for
+# https URLs (--ca).
+OPTIONS: dict[str, Any] = {"body": BODY, "ca": None}
+
+
+def padded_body(size: int) -> bytes:
+    """A delivery-shaped JSON body of about `size` bytes."""
+    event = json.loads(BODY)
+    event["resource"]["pad"] = "x" * max(0, size - len(BODY) + 400)
+    return json.dumps(event).encode()
+
+
 async def _aiohttp_client(url: str, concurrency: int) -> tuple[Post, Callable[[], Awaitable[Any]]]:
+    """aiohttp posting to `url`, or in turn to each of several comma-separated URLs (as
+    many target hosts), at most `concurrency` connections in all."""
+    import itertools
+    import ssl
+
     import aiohttp
 
-    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency))
+    context = (ssl.create_default_context(cafile=OPTIONS["ca"]) if OPTIONS["ca"] else None)
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
+        limit=concurrency, ssl=context if context is not None else True))
+    urls = itertools.cycle(url.split(","))
+    body = OPTIONS["body"]
 
     async def post() -> None:
-        async with session.post(url, data=BODY, headers=HEADERS) as resp:
+        async with session.post(next(urls), data=body, headers=HEADERS) as resp:
             await resp.read()
             if resp.status != 200:
                 raise RuntimeError(f"receiver answered {resp.status}")
@@ -216,7 +237,17 @@ def main() -> None:
     parser.add_argument("--per-second", type=float, default=200.0)
     parser.add_argument("--header", default=None, help="`Name: value`, for get")
     parser.add_argument("--gaps", default="0.05,0.5,2", help="seconds of quiet, for quiet")
+    parser.add_argument("--body-bytes", type=int, default=0, help="a body of about N bytes")
+    parser.add_argument("--ca", default=None, help="CA file trusted for https (aiohttp)")
     args = parser.parse_args()
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:  # thousands of connections at once
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    if args.body_bytes:
+        OPTIONS["body"] = padded_body(args.body_bytes)
+    OPTIONS["ca"] = args.ca
     if args.mode == "rate":
         coro = rate(args.url, args.lib, args.concurrency, args.duration)
     elif args.mode == "burst":

@@ -3,9 +3,12 @@
 `python -m bench.receiver` binds 127.0.0.1 on a free port and prints it on the first
 stdout line. Every request to /<group>/... answers 200 at once and is counted per group
 (first and last receipt, wall clock); /hang/... never answers (the sender's timeout ends
-it); /lat/... also records the receipt time of each event's resource_id. GET /stats and
-/stats/times read the counters, POST /reset clears them, GET /static/<n> serves n bytes of
-JSON (the plain-HTTP ceiling of the API scenario).
+it); /slow<ms>/... answers after <ms> milliseconds (a target across the internet);
+/lat/... also records the receipt time of each event's resource_id. GET /stats and
+/stats/times read the counters, GET /stats/inflight the requests being answered now and
+at most since the last reset, POST /reset clears them, GET /static/<n> serves n bytes of
+JSON (the plain-HTTP ceiling of the API scenario). `--hosts N` also binds 127.0.1.1 to
+127.0.1.N on the same port (as many target hosts); `--cert` and `--key` serve TLS.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ class State:
     groups: dict[str, Group] = field(default_factory=dict)
     times: list[tuple[int, float]] = field(default_factory=list)
     static: dict[int, bytes] = field(default_factory=dict)
+    inflight: int = 0  # requests being answered (/slow only)
+    most: int = 0
 
 
 def build_app(state: State) -> web.Application:
@@ -49,6 +54,15 @@ def build_app(state: State) -> web.Application:
         name = request.match_info["group"]
         if name == "hang":
             await asyncio.sleep(3600)
+        elif name.startswith("slow"):
+            state.inflight += 1
+            state.most = max(state.most, state.inflight)
+            try:
+                digits = name[4:].partition("-")[0]  # slow<ms>, slow<ms>-<anything>
+                await asyncio.sleep(int(digits or 0) / 1000.0)
+            finally:
+                state.inflight -= 1
+            now = time.time()
         group = state.groups.get(name)
         if group is None:
             group = state.groups[name] = Group(first=now)
@@ -70,9 +84,13 @@ def build_app(state: State) -> web.Application:
     async def times(request: web.Request) -> web.StreamResponse:
         return web.json_response(state.times)
 
+    async def inflight(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"now": state.inflight, "most": state.most})
+
     async def reset(request: web.Request) -> web.StreamResponse:
         state.groups.clear()
         state.times.clear()
+        state.most = state.inflight
         return web.Response(text="ok")
 
     async def static(request: web.Request) -> web.StreamResponse:
@@ -87,6 +105,7 @@ def build_app(state: State) -> web.Application:
     app = web.Application(client_max_size=1 << 22)
     app.router.add_get("/stats", stats)
     app.router.add_get("/stats/times", times)
+    app.router.add_get("/stats/inflight", inflight)
     app.router.add_post("/reset", reset)
     app.router.add_get("/static/{size:\\d+}", static)
     app.router.add_route("*", "/{group}/{tail:.*}", hook)
@@ -94,10 +113,27 @@ def build_app(state: State) -> web.Application:
     return app
 
 
-async def serve(port: int) -> None:
-    """Serves until the process is terminated."""
-    runner, bound = await receivers.serve(build_app(State()), port, backlog=1024,
-                                          handle_signals=True)
+async def serve(port: int, hosts: int = 0, cert: str | None = None,
+                key: str | None = None) -> None:
+    """Serves until the process is terminated: on 127.0.0.1, and on 127.0.1.1 to
+    127.0.1.`hosts` at the same port; over TLS with `cert` and `key`."""
+    context = None
+    if cert is not None:
+        import ssl
+
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert, key)
+        runner = web.AppRunner(build_app(State()), access_log=None, handle_signals=True)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", port, backlog=1024, ssl_context=context)
+        await site.start()
+        bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    else:
+        runner, bound = await receivers.serve(build_app(State()), port, backlog=1024,
+                                              handle_signals=True)
+    for n in range(1, hosts + 1):
+        await web.TCPSite(runner, f"127.0.1.{n}", bound, backlog=1024,
+                          ssl_context=context).start()
     print(bound, flush=True)
     try:
         await asyncio.Event().wait()
@@ -131,4 +167,13 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(prog="python -m bench.receiver")
     parser.add_argument("--port", type=int, default=0)
-    run_loop(serve(parser.parse_args().port))
+    parser.add_argument("--hosts", type=int, default=0)
+    parser.add_argument("--cert", default=None)
+    parser.add_argument("--key", default=None)
+    args = parser.parse_args()
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:  # thousands of connections at once (slow targets)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    run_loop(serve(args.port, args.hosts, args.cert, args.key))

@@ -22,7 +22,18 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench import api, capture, delivery, load, noisy, report, resilience, scale, scale_queue
+from bench import (
+    api,
+    capture,
+    delivery,
+    load,
+    noisy,
+    report,
+    resilience,
+    scale,
+    scale_queue,
+    slow,
+)
 from bench.common import (
     BENCH_DB,
     Procs,
@@ -51,8 +62,10 @@ SCENARIOS: dict[str, Scenario] = {
     "api_scale": scale_queue.api_scale,
     "retention": scale_queue.retention,
     "noisy_neighbour": noisy.scenario,
+    "slow_targets": slow.scenario,
 }
-NEEDS_RECEIVER = set(SCENARIOS) - {"capture", "capture_scale"}
+# slow_targets starts receivers of its own.
+NEEDS_RECEIVER = set(SCENARIOS) - {"capture", "capture_scale", "slow_targets"}
 
 
 # The default retention (WEBHOOKS_RETENTION, 7 days) keeps a partition per day before

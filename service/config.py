@@ -90,6 +90,23 @@ def whole(name: str, value: str) -> int:
     return int(result)
 
 
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(b|k|kb|kib|m|mb|mib|g|gb|gib)?\s*$", re.I)
+_SIZE_UNITS = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def size(name: str, value: str) -> int:
+    """Bytes of a size such as `512MB`, `1GiB`, `300m` (units of 1024; a bare number is
+    megabytes)."""
+    match = _SIZE.match(value)
+    if not match:
+        raise ConfigError(f"{name} must be a size such as 512MB or 1GB, not {value!r}")
+    unit = (match.group(2) or "m")[0].lower()
+    result = int(float(match.group(1)) * _SIZE_UNITS[unit])
+    if result < 1 << 20:
+        raise ConfigError(f"{name} must be at least 1MB, not {value!r}")
+    return result
+
+
 def duration(name: str, value: str) -> float:
     """Seconds of a duration with a unit suffix (see parse_duration)."""
     try:
@@ -130,6 +147,18 @@ def one_of(*choices: str) -> Parser:
     return parse
 
 
+def pem_file(name: str, value: str) -> str:
+    """The path of a readable file of PEM certificates."""
+    try:
+        with open(value, "rb") as f:
+            head = f.read(1 << 20)
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot read {value!r}: {exc.strerror or exc}") from None
+    if b"-----BEGIN CERTIFICATE-----" not in head:
+        raise ConfigError(f"{name}: {value!r} holds no PEM certificate")
+    return value
+
+
 def fernet_keys(name: str, value: str) -> str:
     """One or more comma-separated Fernet keys, checked by building the SecretBox."""
     from service.crypto import SecretBox
@@ -161,6 +190,18 @@ def postgres_url(name: str, value: str) -> str:
     return value
 
 
+# What a worker process holds before its deliveries, and what each delivery in flight adds
+# (its claim and body, its sender, its transfer and connection: measured in `make bench`'s
+# slow_targets), from which the default WEBHOOKS_CONCURRENCY follows.
+WORKER_BASE_BYTES = 128 << 20
+DELIVERY_BYTES = 64 << 10
+
+
+def ceiling_for(memory_budget: int) -> int:
+    """The default ceiling of a worker's deliveries in flight within `memory_budget`."""
+    return max(64, (memory_budget - WORKER_BASE_BYTES) // DELIVERY_BYTES)
+
+
 def setting(env: str, parse: Parser, default: Any) -> Any:
     """A Settings field read from the environment variable `env` with `parse`."""
     return field(default=default, metadata={"env": env, "parse": parse})
@@ -177,7 +218,12 @@ class Settings:
     )
     delivery_timeout: float = setting("WEBHOOKS_DELIVERY_TIMEOUT", number(0.001), 10.0)
     verify_timeout: float = setting("WEBHOOKS_VERIFY_TIMEOUT", number(0.001), 10.0)
-    concurrency: int = setting("WEBHOOKS_CONCURRENCY", whole, 64)
+    # The most deliveries in flight per worker process: the ceiling of its adaptive
+    # capacity (service/worker/capacity.py); 0, the default: derived from memory_budget.
+    concurrency: int = setting("WEBHOOKS_CONCURRENCY", whole, 0)
+    # What the worker process may hold in memory (its RSS): its capacity grows no further
+    # and shrinks past it.
+    memory_budget: int = setting("WEBHOOKS_MEMORY_BUDGET", size, 320 << 20)
     # The most a subscription's adaptive window may grow to (service/worker/slots.py).
     per_target_concurrency: int = setting("WEBHOOKS_PER_TARGET_CONCURRENCY", whole, 64)
     # Deliveries in flight per owner in one worker; None: half of the worker's concurrency.
@@ -185,6 +231,9 @@ class Settings:
     # Name lookups of targets: their own timeout; the system's name servers unless given.
     dns_timeout: float = setting("WEBHOOKS_DNS_TIMEOUT", number(0.01), 5.0)
     dns_servers: tuple[str, ...] = setting("WEBHOOKS_DNS_SERVERS", comma_list, ())
+    # CA certificates trusted for https targets besides the system's (deliveries and
+    # verification handshakes).
+    ca_bundle: str | None = setting("WEBHOOKS_CA_BUNDLE", pem_file, None)
     poll_interval: float = setting("WEBHOOKS_POLL_INTERVAL", number(0.01), 5.0)
     lease: float = setting("WEBHOOKS_LEASE", number(1.0), 60.0)
     batch_size: int = setting("WEBHOOKS_BATCH_SIZE", whole, 100)
@@ -243,6 +292,10 @@ class Settings:
     listen_check_interval: float = setting("WEBHOOKS_LISTEN_CHECK_INTERVAL",
                                            positive_duration, 10.0)
     liveness_timeout: float = setting("WEBHOOKS_LIVENESS_TIMEOUT", positive_duration, 120.0)
+
+    def __post_init__(self) -> None:
+        if self.concurrency == 0:
+            object.__setattr__(self, "concurrency", ceiling_for(self.memory_budget))
 
     @classmethod
     def variables(cls) -> Iterator[tuple[str, str, Parser, Any]]:

@@ -70,7 +70,7 @@ class Attempts:
 
     def start(self, claims: list[Claim]) -> None:
         """Holds `claims` (in start order) and sends those that may go now."""
-        if not self._senders:
+        if len(self._senders) < self._slots.concurrency:
             self._start_senders()
         now = asyncio.get_running_loop().time()
         take = self._slots.take
@@ -80,12 +80,23 @@ class Attempts:
         self._dispatch(now)
 
     def _start_senders(self) -> None:
-        for n in range(self._slots.concurrency):
+        """As many senders as the worker's capacity (which grows: capacity.py)."""
+        if self._closing:
+            return
+        for n in range(len(self._senders), self._slots.concurrency):
             sender = Sender()
             sender.task = asyncio.create_task(self._send_loop(sender),
                                               name=f"webhooks-sender-{n}")
             self._senders.append(sender)
-        self._watchdog = asyncio.create_task(self._watch(), name="webhooks-deadlines")
+        if self._watchdog is None:
+            self._watchdog = asyncio.create_task(self._watch(), name="webhooks-deadlines")
+
+    def resized(self) -> None:
+        """The capacity changed: senders for it, and what may be sent now sent."""
+        if self._senders and len(self._senders) < self._slots.concurrency:
+            self._start_senders()
+        if self._senders:
+            self._dispatch(asyncio.get_running_loop().time())
 
     def _dispatch(self, now: float) -> None:
         if self._closing:

@@ -31,7 +31,7 @@ from service.availability import wait_for_database, wait_until_migrated
 from service.config import Settings
 from service.curl import CurlClient
 from service.store import QUEUE_SETTINGS, Session, Store, StoreError, StoreRejected, make_pool
-from service.worker import delivery, tracing
+from service.worker import capacity, delivery, tracing
 from service.worker.attempts import Attempts
 from service.worker.backfill import backfill_loop
 from service.worker.delivery import Claim, Outcome
@@ -104,7 +104,11 @@ class Worker:
                            per_owner=settings.per_owner_concurrency,
                            batch_size=settings.batch_size,
                            slow_after=min(SLOW_AFTER, settings.delivery_timeout / 4))
-        self.concurrency, self.per_owner = self.slots.concurrency, self.slots.per_owner
+        # The capacity in flight adapts to the machine (capacity.py); `concurrency` is
+        # its ceiling.
+        self.capacity = capacity.for_worker(concurrency, settings.memory_budget)
+        self.slots.resize(self.capacity.limit)
+        self.concurrency, self.per_owner = self.capacity.ceiling, self.slots.per_owner
         self.pacing = Pacing(self.slots, lease=settings.lease, scan=settings.batch_size)
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -195,6 +199,18 @@ class Worker:
         if self.pacing.slot_freed():
             self._wake.set()
 
+    def _capacity_changed(self, limit: int, bound: str) -> None:
+        """The capacity's tick: slots, senders and metrics follow it; more room asks for
+        a claim."""
+        if limit != self.slots.concurrency:
+            grown = limit > self.slots.concurrency
+            self.slots.resize(limit)
+            self._attempts.resized()
+            if grown:
+                self.pacing.ask()
+                self._wake.set()
+        self.metrics.capacity_changed(self.capacity)
+
     def _recorded(self, outcomes: list[Outcome]) -> None:
         """Outcomes are written: retries come due from now on, at the earliest in the
         shortest of their delays."""
@@ -220,7 +236,12 @@ class Worker:
                 self.wake)),
         ]
         recorder = self.supervisor.start("recorder", self._recorder.run)
-        log.info("worker started", extra={"concurrency": self.concurrency})
+        helpers.append(self.supervisor.start("capacity", capacity.CapacityLoop(
+            self.capacity, self.slots.take_peak, self._capacity_changed).run))
+        self.metrics.capacity_changed(self.capacity, lambda: self.slots.sending_total)
+        log.info("worker started", extra={
+            "concurrency": self.concurrency, "capacity": self.capacity.limit,
+            "memory_budget_mb": self.settings.memory_budget >> 20})
         try:
             await self._loop()
         finally:
@@ -553,7 +574,7 @@ async def open_worker(settings: Settings, *, concurrency: int,
                       tcp_timeout=tcp, connect_timeout=connect)
     async with contextlib.AsyncExitStack() as stack:
         session = CurlClient(allow_private=settings.allow_private_targets,
-                             max_connections=max(concurrency, 1),
+                             max_connections=capacity.connections(concurrency),
                              dns_timeout=settings.dns_timeout,
                              dns_servers=settings.dns_servers,
                              connect_timeout=settings.delivery_timeout,

@@ -25,6 +25,7 @@ from prometheus_client import (
 )
 
 from service.store import Store, StoreError
+from service.worker.capacity import BOUNDS, Capacity
 
 log = logging.getLogger("webhooks.metrics")
 
@@ -94,10 +95,32 @@ class WorkerMetrics:
         self.listen_proof = Gauge("webhooks_worker_listen_proof_timestamp_seconds",
                                   "When the worker's LISTEN connection last proved alive by a "
                                   "round trip (Unix time; 0 before the first)", registry=r)
+        self.in_flight = Gauge("webhooks_worker_deliveries_in_flight",
+                               "Delivery attempts under way", registry=r)
+        self.capacity = Gauge("webhooks_worker_capacity", "Deliveries the worker may have "
+                              "in flight now (adaptive, up to the ceiling)", registry=r)
+        self.capacity_ceiling = Gauge("webhooks_worker_capacity_ceiling", "The most "
+                                      "deliveries in flight (WEBHOOKS_CONCURRENCY, or what "
+                                      "the open-files limit allows)", registry=r)
+        self.capacity_bound = Gauge("webhooks_worker_capacity_bound", "1 for what holds the "
+                                    "capacity where it is now (demand, owner_share, cpu, "
+                                    "memory, descriptors, ceiling), 0 for the others",
+                                    ["bound"], registry=r)
         # The counters of each outcome, looked up once: observe() runs per attempt.
         self._outcomes = {outcome: self.deliveries.labels(label) for outcome, label in
                           (("succeeded", "succeeded"), ("pending", "retry"),
                            ("failed", "failed"))}
+
+    def capacity_changed(self, capacity: Capacity,
+                         in_flight: Callable[[], int] | None = None) -> None:
+        """Shows a worker's capacity (service.worker.capacity.Capacity) and its bound; with
+        `in_flight`, the attempts under way are read from it at each scrape."""
+        if in_flight is not None:
+            self.in_flight.set_function(in_flight)
+        self.capacity.set(capacity.limit)
+        self.capacity_ceiling.set(capacity.most)
+        for bound in BOUNDS:
+            self.capacity_bound.labels(bound).set(1 if bound == capacity.bound else 0)
 
     def observe(self, outcome: str, duration_ms: float) -> None:
         """Counts one finished attempt (`outcome`: succeeded, pending or failed)."""

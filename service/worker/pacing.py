@@ -196,7 +196,10 @@ class Pacing:
         self.held_back = bool(saturated or saturated_owners
                               or self.slots.capped(self.view, claims))
         self.drained = not self.held_back
-        self.freed, self.claim_batch = 0, max(1, len(self.slots.inflight) // 4)
+        # A quarter of what is held, at most a claim's worth (thousands in flight to slow
+        # targets would otherwise wait for hundreds of slots).
+        self.freed = 0
+        self.claim_batch = max(1, min(len(self.slots.inflight) // 4, self.slots.batch_size))
         if claims:
             # Busy: what comes next is mostly freed slots, notifications and own retries,
             # each of which asks for a claim. Look again shortly rather than ask now when

@@ -30,73 +30,33 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Collection
-from dataclasses import dataclass
 from typing import TypeVar
 
 from service.outcomes import Answer, classify
 from service.worker.delivery import Claim
+from service.worker.window import (
+    FORGET_AFTER,
+    INITIAL_WINDOW,
+    SLOW_FACTOR,
+    Window,
+)
 
 Key = TypeVar("Key", int, str)
 
-# Where a subscription's window starts (and where it returns once forgotten).
-INITIAL_WINDOW = 2
-# An answer is fast when it takes at most FAST_FACTOR times the fastest the target has
-# recently answered, plus FAST_SLACK_MS, and less than half of the slow mark.
-FAST_FACTOR = 2.0
-FAST_SLACK_MS = 5.0
-# An attempt in flight longer than `slow_after`, or than SLOW_FACTOR times the fastest its
-# target has recently answered when that is longer, marks the subscription degraded: a
-# target that always takes 1.5 s to answer 2xx is slow, not hanging, and was held to one
-# request at a time (0.67 deliveries/s: two hours for 5,000).
-SLOW_FACTOR = 4.0
-# A window (and an owner's record of fast answers) unused this long is forgotten.
-FORGET_AFTER = 60.0
 # How many claims may be held per slot a subscription, an owner or the worker may send
 # with: the sends under way and the claims waiting for them. A claim of 100 takes 5 to
 # 13 ms on a busy 2-core machine (its database, receiver and worker share the cores), in
 # which the senders finish 30 to 80 deliveries, and the next claim starts only once a
 # quarter of what is held has gone: with four, the senders ran dry behind about half of
 # the claims (traced in `make bench`'s throughput, docs/benchmarks.md); eight keep them
-# busy. The worker holds at most AHEAD x WEBHOOKS_CONCURRENCY claims (512 by
-# default), each with its event's body.
+# busy. The worker holds at most AHEAD x its capacity in claims, or its capacity and
+# AHEAD - 1 times AHEAD_BASE beyond a capacity of AHEAD_BASE (slow targets free slots
+# slowly: 2,000 in flight hold 2,448 claims, not 16,000 bodies), each with its body.
 AHEAD = 8
+AHEAD_BASE = 64
 # Owners may borrow beyond their cap only when no other owner had work in flight for
 # this long.
 CONTENDED_HOLD = 1.0
-
-
-@dataclass(slots=True)
-class Window:
-    """A subscription's adaptive window of deliveries in flight."""
-
-    size: float
-    threshold: float  # below it the window grows by one per fast answer (slow start)
-    base_ms: float = float("inf")  # the fastest recent answer, drifting up slowly
-    used_at: float = 0.0
-
-    def fast(self, duration_ms: float, slow_ms: float) -> bool:
-        """Whether an answer that took `duration_ms` counts as fast (and updates the base)."""
-        if duration_ms < self.base_ms:
-            self.base_ms = duration_ms
-        else:
-            self.base_ms += (duration_ms - self.base_ms) / 64.0
-        return (duration_ms <= FAST_FACTOR * self.base_ms + FAST_SLACK_MS
-                and duration_ms < slow_ms / 2)
-
-    def grow(self, maximum: int) -> None:
-        """One fast 2xx answer while the window was in use."""
-        step = 1.0 if self.size < self.threshold else 1.0 / self.size
-        self.size = min(float(maximum), self.size + step)
-
-    def grow_slowly(self, maximum: int) -> None:
-        """One 2xx answer, quick for its target but not fast (over half the slow mark):
-        growth by about one per window of such answers."""
-        self.size = min(float(maximum), self.size + 1.0 / self.size)
-
-    def shrink(self) -> None:
-        """Trouble: half the window, and growth by one per window from there."""
-        self.size = max(1.0, self.size / 2.0)
-        self.threshold = self.size
 
 
 def _decrement(counts: dict[Key, int], key: Key) -> None:
@@ -113,17 +73,12 @@ class Slots:
 
     def __init__(self, concurrency: int, *, per_target: int, per_owner: int | None = None,
                  batch_size: int, slow_after: float) -> None:
-        self.concurrency = max(1, concurrency)
         self.per_target = max(1, per_target)  # the most any window may grow to
         self.initial = min(INITIAL_WINDOW, self.per_target)
-        # One owner (all its subscriptions) never holds more of this worker's slots while
-        # another owner has work in flight; alone and fast, it may borrow up to `lone_owner`.
-        self.per_owner = per_owner or max(1, self.concurrency // 2)
-        self.lone_owner = max(self.per_owner, self.concurrency - max(1, self.concurrency // 4))
+        self.per_owner_setting = per_owner
         self.batch_size = batch_size
-        # Claiming a few slots at a time costs a round trip per delivery or two: while
-        # some are in flight, wait until a quarter of the slots are free.
-        self.claim_min = max(1, min(batch_size, self.concurrency // 4))
+        self.resize(concurrency)
+        self.peak = 0  # the most sending at once since take_peak()
         self.slow_after = slow_after
         # Claimed, outcome not yet handed over: delivery id -> (claim, when it was claimed).
         self.inflight: dict[int, tuple[Claim, float]] = {}
@@ -151,9 +106,29 @@ class Slots:
         self._forgot_at = 0.0
         self._now = 0.0
 
+    def resize(self, concurrency: int) -> None:
+        """The worker's capacity is `concurrency` slots now (capacity.py), and the caps
+        that follow from it."""
+        self.concurrency = max(1, concurrency)
+        # One owner (all its subscriptions) never holds more of this worker's slots while
+        # another owner has work in flight; alone and fast, it may borrow up to `lone_owner`.
+        self.per_owner = self.per_owner_setting or max(1, self.concurrency // 2)
+        self.lone_owner = max(self.per_owner, self.concurrency - max(1, self.concurrency // 4))
+        # Claiming a few slots at a time costs a round trip per delivery or two: while
+        # some are in flight, wait until a quarter of the slots are free.
+        self.claim_min = max(1, min(self.batch_size, self.concurrency // 4))
+        self.held_max = self.concurrency + (AHEAD - 1) * min(self.concurrency, AHEAD_BASE)
+
+    def take_peak(self) -> tuple[int, bool]:
+        """The most sending at once since the last call, and whether owners at their cap
+        have claims waiting now (for capacity.py)."""
+        peak, self.peak = max(self.peak, self.sending_total), self.sending_total
+        held = any(self.sending_owners.get(o, 0) >= self.owner_cap(o) for o in self.waiting)
+        return peak, held
+
     def wanted(self) -> int:
         """How many deliveries to claim now (0: wait for slots to free up)."""
-        free = AHEAD * self.concurrency - len(self.inflight)
+        free = self.held_max - len(self.inflight)
         if free <= 0 or (self.inflight and free < self.claim_min):
             return 0
         return min(free, self.batch_size)
@@ -231,6 +206,8 @@ class Slots:
                 break
         for owner in emptied_owners:
             del self.waiting[owner]
+        if self.sending_total > self.peak:
+            self.peak = self.sending_total
         return out
 
     def stranded(self) -> list[Claim]:
