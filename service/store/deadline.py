@@ -143,7 +143,7 @@ def watched(conn: psycopg.AsyncConnection[Any], seconds: float, *,
     def expire() -> None:
         nonlocal fired
         fired = True
-        log.warning("no answer from the database within %gs: abandoning the connection",
+        log.warning("no answer from the database within %.3gs: abandoning the connection",
                     seconds)
         abandon(conn)
 
@@ -156,7 +156,7 @@ def watched(conn: psycopg.AsyncConnection[Any], seconds: float, *,
             yield
     except (psycopg.Error, OSError) as exc:
         if fired:
-            raise DeadlineExceeded(f"the database did not answer within {seconds:g}s; "
+            raise DeadlineExceeded(f"the database did not answer within {seconds:.3g}s; "
                                    "the connection was abandoned") from exc
         raise
     finally:

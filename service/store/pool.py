@@ -254,6 +254,10 @@ QUEUE_SETTINGS: dict[str, str] = {
 }
 
 
+# See make_pool.
+RECONNECT_TIMEOUT = 5.0
+
+
 def make_pool(url: str, *, min_size: int = 1, max_size: int = 10, name: str = "webhooks",
               timeout: float = 30.0, settings: dict[str, str] | None = None,
               prepare_threshold: int | None = 5,
@@ -287,6 +291,11 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 10, name: str = "w
         name=name,
         timeout=timeout,
         configure=configured,
+        # psycopg_pool retries a failed connection after 1, 2, 4 ... seconds until this
+        # has passed, then gives the slot up; a client that then waits makes a new attempt
+        # at once. Longer, its backoff would keep a pool empty for up to half of it after
+        # the database is back (a restart, a failover).
+        reconnect_timeout=RECONNECT_TIMEOUT,
         kwargs={"autocommit": True, "application_name": f"webhooks-{name}",
                 "prepare_threshold": prepare_threshold},
     )
