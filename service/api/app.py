@@ -24,7 +24,7 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 from prometheus_client import CollectorRegistry
 
 from service import __version__
-from service.api import backfills, dashboard, deliveries, lifecycle, tracing
+from service.api import backfills, dashboard, deliveries, event_docs, lifecycle, tracing
 from service.api.apidocs import routes as apidocs
 from service.api.apidocs.routes import LocalSwaggerPlugin
 from service.api.auth import provide_principal
@@ -202,7 +202,9 @@ def create_app(settings: Settings, pool: Pool | None = None,
                      "metrics": metrics,
                      "limiter": RateLimiter(settings.rate_limit, settings.rate_burst)}),
         middleware=[request_metrics(metrics), apidocs.page_headers,
-                    db_budget(settings.api_db_timeout)],
+                    db_budget(settings.api_db_timeout),
+                    # GET /schema/openapi.json with a token: the events' `webhooks`.
+                    event_docs.with_webhooks],
         lifespan=[lifespan],
         plugins=tracing.plugins(),
         exception_handlers=EXCEPTION_HANDLERS,

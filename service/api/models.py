@@ -57,6 +57,9 @@ class HookEvent(msgspec.Struct):
 
     resource: str
     event: str
+    # The JSON Schema (2020-12) of its delivery body, from the table as it is now
+    # (service.api.schemas).
+    schema: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 def timestamp(value: datetime | None) -> str | None:

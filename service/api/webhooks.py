@@ -17,6 +17,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from service import events, filters
+from service.api import schemas
 from service.api.auth import admitted_read, provide_principal
 from service.api.errors import ApiError, error_responses
 from service.api.handshake import HandshakeFailed, new_secret, verify
@@ -412,9 +413,10 @@ async def delete_webhook(webhook_id: IdPath, principal: PrincipalDep, store: Sto
 @get("/hook_events", summary="List the events that can be subscribed to",
      responses=error_responses(*API_ERRORS))
 async def list_hook_events(principal: PrincipalDep, store: StoreDep) -> list[HookEvent]:
-    """Every public event, as {"resource", "event"}, by resource and name."""
-    rows = await store.hook_events()
-    return [HookEvent(resource=r["resource"], event=r["event"]) for r in rows]
+    """Every public event, as {"resource", "event", "schema"}, by resource and name:
+    `schema` is the JSON Schema of its delivery body, from the table as it is now."""
+    rows = await store.event_catalog()
+    return [HookEvent(resource=r, event=e, schema=s) for r, e, s in schemas.event_schemas(rows)]
 
 
 # --- health -------------------------------------------------------------------------

@@ -38,6 +38,11 @@ class ApiQueries(AsyncQueries):
         """Every public event ({"resource", "event"}), by resource and name."""
         return await self._all("api_hook_events")
 
+    async def event_catalog(self) -> list[dict[str, Any]]:
+        """Every public event with its attachment and its table's columns, for the schemas
+        of their bodies (service.api.schemas)."""
+        return await self._all("api_event_catalog")
+
     async def lock_owner(self, *, owner: str) -> None:
         """Serialises the owner's creations until the transaction ends."""
         await self._run("api_owner_lock", {"owner": owner})

@@ -47,6 +47,56 @@ SELECT resource, event
  WHERE public
  ORDER BY resource, event
 
+-- name: api_event_catalog --
+-- Every public event with what its delivery body is made of (service.api.schemas): the
+-- attachment of its table (NULL for the service's own webhook.* events) and, once per
+-- event, the table's columns in table order, each with its type looked through domains
+-- and into arrays (as webhooks.column_sql writes values): the type reached, its typmod,
+-- whether an array was passed, its enum labels, and whether it is built in (written as
+-- JSON) or not (written as its text form). Read from the catalog at each request, so a
+-- column added a moment ago is there.
+WITH RECURSIVE tables AS (
+    SELECT DISTINCT e.table_oid FROM webhooks.hook_events e
+     WHERE e.public AND e.table_oid IS NOT NULL
+), walk AS (
+    SELECT t.attrelid, t.attnum, t.atttypid AS typ, t.atttypmod AS typmod,
+           false AS arr, 0 AS depth
+      FROM pg_attribute t
+     WHERE t.attrelid IN (SELECT table_oid FROM tables) AND t.attnum > 0
+       AND NOT t.attisdropped
+    UNION ALL
+    SELECT w.attrelid, w.attnum,
+           CASE WHEN p.typtype = 'd' THEN p.typbasetype ELSE p.typelem END,
+           CASE WHEN p.typtype = 'd' THEN p.typtypmod ELSE w.typmod END,
+           w.arr OR p.typtype <> 'd', w.depth + 1
+      FROM walk w JOIN pg_type p ON p.oid = w.typ
+     WHERE (p.typtype = 'd' OR (p.typcategory = 'A' AND p.typelem <> 0)) AND w.depth < 32
+), columns AS (
+    SELECT a.attrelid AS table_oid,
+           jsonb_agg(jsonb_build_object(
+               'name', a.attname, 'not_null', a.attnotnull,
+               'type', format_type(a.atttypid, a.atttypmod),
+               'base', p.typname, 'kind', p.typtype, 'typmod', w.typmod, 'array', w.arr,
+               'builtin', p.oid < 16384,
+               'labels', CASE WHEN p.typtype = 'e' THEN
+                   (SELECT jsonb_agg(l.enumlabel ORDER BY l.enumsortorder)
+                      FROM pg_enum l WHERE l.enumtypid = p.oid) END)
+               ORDER BY a.attnum) AS columns
+      FROM walk w
+      JOIN pg_type p ON p.oid = w.typ
+      JOIN pg_attribute a ON a.attrelid = w.attrelid AND a.attnum = w.attnum
+     WHERE NOT (p.typtype = 'd' OR (p.typcategory = 'A' AND p.typelem <> 0))
+     GROUP BY a.attrelid
+)
+SELECT e.resource AS hook_resource, e.event, a.resource, a.parent_resource,
+       a.parent_column, a.id_column, a.user_column, a.exclude_columns, a.columns AS allowed,
+       a.include_row, a.include_previous, c.columns
+  FROM webhooks.hook_events e
+  LEFT JOIN webhooks.attachments a ON a.table_oid = e.table_oid
+  LEFT JOIN columns c ON c.table_oid = e.table_oid
+ WHERE e.public
+ ORDER BY e.resource, e.event
+
 -- name: api_owner_lock --
 -- Serialises the creates of one owner (until commit), so that the count below is exact
 -- however many API processes create at once. The two-key form keeps it apart from the
