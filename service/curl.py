@@ -26,17 +26,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import os
 import select
 import socket
-import ssl
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import pycurl
 
-from service.http import USER_AGENT
+from service.http import USER_AGENT, ca_file
 from service.ssrf import DNS_TIMEOUT, GuardedResolver, TargetRejected, check_address, is_literal
 
 # Sent with every POST: no compressed answer is asked for (it would only be stored as
@@ -56,15 +54,6 @@ _BODY_ERRORS = frozenset({pycurl.E_WRITE_ERROR, pycurl.E_PARTIAL_FILE, pycurl.E_
 
 class AttemptError(Exception):
     """An attempt that got no usable answer: the message says why, for the record."""
-
-
-def _ca_file() -> str | None:
-    """The system's CA bundle (as Python's ssl module finds it), or None for libcurl's."""
-    paths = ssl.get_default_verify_paths()
-    for path in (paths.cafile, paths.openssl_cafile):
-        if path and os.path.isfile(path):
-            return path
-    return None
 
 
 class _Transfer:
@@ -161,6 +150,8 @@ class _Epoll:
     def on_socket(self, what: int, fd: int, multi: Any, data: Any) -> None:
         """libcurl's socket callback (CURLMOPT_SOCKETFUNCTION)."""
         epoll = self._epoll
+        if epoll.closed:  # the client is closing: libcurl shuts its connections down
+            return
         if what == pycurl.POLL_REMOVE:
             if self._masks.pop(fd, None) is not None:
                 with contextlib.suppress(OSError):  # already closed: out of the set
@@ -208,14 +199,19 @@ class CurlClient:
     def __init__(self, *, allow_private: bool, max_connections: int = 100,
                  dns_timeout: float = DNS_TIMEOUT, dns_servers: Sequence[str] = (),
                  connect_timeout: float = 30.0, body_limit: int = 1024,
-                 watch_with_epoll: bool = True) -> None:
+                 watch_with_epoll: bool = True, ca_bundle: str | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         self._allow_private = allow_private
         self._resolver = GuardedResolver(allow_private, timeout=dns_timeout,
                                          nameservers=dns_servers)
         self._connect_ms = max(1, int(connect_timeout * 1000))
         self._body_limit = body_limit
-        self._ca = _ca_file()
+        self._ca = ca_file(ca_bundle)
+        # TLS sessions shared by every transfer: a new connection to a host resumes the
+        # session of the last one (an abbreviated handshake); open connections are kept
+        # and reused per host by the multi handle (keep-alive).
+        self._share = pycurl.CurlShare()
+        self._share.setopt(pycurl.SH_SHARE, pycurl.LOCK_DATA_SSL_SESSION)
         self._names: dict[tuple[str, int], tuple[float, str]] = {}
         self._free: list[_Handle] = []
         self._busy: dict[pycurl.Curl, _Handle] = {}
@@ -301,6 +297,7 @@ class CurlClient:
         if self._epoll is not None:
             self._epoll.close()
         self._multi.close()
+        self._share.close()
         await self._resolver.close()
 
     def _new_handle(self) -> _Handle:
@@ -325,6 +322,7 @@ class CurlClient:
             handle.setopt(option, value)
         if self._ca is not None:
             handle.setopt(pycurl.CAINFO, self._ca)
+        handle.setopt(pycurl.SHARE, self._share)
         return _Handle(handle, self._allow_private)
 
     async def _resolve(self, host: str, port: int) -> list[str]:

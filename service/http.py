@@ -10,10 +10,16 @@ connection time) and for IP literals (check_literal).
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import ipaddress
+import os
 import socket
+import ssl
+import tempfile
 from collections.abc import Sequence
 from http.cookiejar import Cookie, CookieJar
+from pathlib import Path
 
 import aiohttp
 import httpx
@@ -63,13 +69,62 @@ class _Connector(aiohttp.TCPConnector):
             await self._resolver.close()
 
 
+def _system_ca_file() -> str | None:
+    """The system's CA bundle (as Python's ssl module finds it), or None for libcurl's."""
+    paths = ssl.get_default_verify_paths()
+    for path in (paths.cafile, paths.openssl_cafile):
+        if path and os.path.isfile(path):
+            return path
+    return None
+
+
+def _ca_with(extra: str) -> str:
+    """A file of the system's CA certificates and those of `extra` (WEBHOOKS_CA_BUNDLE),
+    made once per process (libcurl takes one file; its parsed store is cached and shared
+    by the client's transfers)."""
+    made = _CA_FILES.get(extra)
+    if made is not None and os.path.isfile(made):
+        return made
+    system = _system_ca_file()
+    parts = [Path(system).read_bytes() if system else b"", Path(extra).read_bytes()]
+    fd, made = tempfile.mkstemp(prefix="webhooks-ca-", suffix=".pem")
+    with os.fdopen(fd, "wb") as f:
+        f.write(b"\n".join(parts))
+    atexit.register(_remove, made)
+    _CA_FILES[extra] = made
+    return made
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+_CA_FILES: dict[str, str] = {}
+
+
+def ca_file(ca_bundle: str | None) -> str | None:
+    """The CA file libcurl verifies targets' certificates with: the system's, with those
+    of `ca_bundle` (WEBHOOKS_CA_BUNDLE) added; None: libcurl's own default."""
+    return _system_ca_file() if ca_bundle is None else _ca_with(ca_bundle)
+
+
+def tls_context(ca_bundle: str | None = None) -> ssl.SSLContext:
+    """Certificates verified against the system's CAs and those of `ca_bundle`
+    (WEBHOOKS_CA_BUNDLE), host names checked."""
+    context = ssl.create_default_context()
+    if ca_bundle is not None:
+        context.load_verify_locations(cafile=ca_bundle)
+    return context
+
+
 def make_session(*, allow_private: bool, max_connections: int = 100, per_host: int = 0,
-                 dns_timeout: float = DNS_TIMEOUT, dns_servers: Sequence[str] = ()
-                 ) -> aiohttp.ClientSession:
+                 dns_timeout: float = DNS_TIMEOUT, dns_servers: Sequence[str] = (),
+                 ca_bundle: str | None = None) -> aiohttp.ClientSession:
     """An aiohttp session: guarded asynchronous resolution (each lookup bounded by
-    `dns_timeout`), no cookies kept, no compression asked for and none undone. A request
-    takes at most 300 seconds unless the caller bounds it sooner, its connection at most
-    30.
+    `dns_timeout`), no cookies kept, no compression asked for and none undone, certificates
+    verified (against the system's CAs and `ca_bundle`'s). A request takes at most 300
+    seconds unless the caller bounds it sooner, its connection at most 30.
 
     Create it inside the event loop that will use it, and close it with `close()`.
     """
@@ -78,6 +133,7 @@ def make_session(*, allow_private: bool, max_connections: int = 100, per_host: i
         limit=max_connections,
         limit_per_host=per_host,
         ttl_dns_cache=10,
+        ssl=tls_context(ca_bundle) if ca_bundle else True,  # True: aiohttp's, verifying
     )
     return aiohttp.ClientSession(connector=connector, auto_decompress=False, trust_env=False,
                                  cookie_jar=aiohttp.DummyCookieJar(), headers=HEADERS,
@@ -144,7 +200,8 @@ def _remap(exc: httpx.ConnectTimeout, request: httpx.Request) -> httpx.Transport
 
 def make_client(*, allow_private: bool, timeout: float, max_connections: int = 100,
                 per_host: int = 0, dns_timeout: float | None = None,
-                dns_servers: Sequence[str] = ()) -> httpx.AsyncClient:
+                dns_servers: Sequence[str] = (), ca_bundle: str | None = None
+                ) -> httpx.AsyncClient:
     """An httpx client that never follows redirects, only connects to allowed addresses,
     keeps no cookies (one handshake never carries what another target or owner set) and
     asks for no compression. Name lookups take at most `dns_timeout` seconds (default:
@@ -155,7 +212,7 @@ def make_client(*, allow_private: bool, timeout: float, max_connections: int = 1
     session = make_session(allow_private=allow_private, max_connections=max_connections,
                            per_host=per_host,
                            dns_timeout=dns_timeout or min(DNS_TIMEOUT, timeout),
-                           dns_servers=dns_servers)
+                           dns_servers=dns_servers, ca_bundle=ca_bundle)
     transport = GuardedTransport(AiohttpTransport(client=session, trust_env=False),
                                  allow_private)
     return httpx.AsyncClient(

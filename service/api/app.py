@@ -171,7 +171,8 @@ def create_app(settings: Settings, pool: Pool | None = None,
             client = make_client(allow_private=settings.allow_private_targets,
                                  timeout=settings.verify_timeout,
                                  dns_timeout=min(settings.dns_timeout, settings.verify_timeout),
-                                 dns_servers=settings.dns_servers)
+                                 dns_servers=settings.dns_servers,
+                                 ca_bundle=settings.ca_bundle)
             stack.push_async_callback(client.aclose)
             app.state.client = client
             yield
