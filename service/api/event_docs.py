@@ -38,39 +38,35 @@ RESPONSES = {
 }
 
 
-def operation(resource: str, event: str, schema: Schema) -> Schema:
+def operation(resource: str, event: str, schema: msgspec.Raw) -> Schema:
     """The path item of one event: the POST its subscribers' targets receive."""
     return {"post": {
         "operationId": "receive_" + event.replace(".", "_"),
         "summary": f"{event} (resource {resource})",
-        "description": f"Sent to the target of every active subscription to {event}, "
-                       "signed with the subscription's secret; de-duplicate on webhook-id.",
+        "description": f"The body of a {event} delivery, exactly as sent to the target of "
+                       f"every active subscription to it, signed with the subscription's "
+                       f"secret; de-duplicate on webhook-id.",
         "tags": [resource],
         "parameters": [
             {"name": name, "in": "header", "required": True, "description": description,
              "schema": {"type": "string"}}
             for name, description in schemas.SIGNATURE_HEADERS.items()],
-        "requestBody": {"required": True, "description": schema.get("description", ""),
+        "requestBody": {"required": True,
                         "content": {"application/json": {"schema": schema}}},
         "responses": RESPONSES,
         "security": [],
     }}
 
 
-def webhooks_object(rows: list[dict[str, Any]]) -> Schema:
-    """The `webhooks` object of the events of api_event_catalog's rows."""
-    items: Schema = {}
-    for row in rows:
-        event = row["event"]
-        items[event] = operation(row["hook_resource"], event, schemas.event_schema(row))
-        noun, _, verb = event.rpartition(".")
-        if verb == "create" and row["resource"] is not None:
-            snapshot = {**row, "event": f"{noun}.snapshot"}
-            items[snapshot["event"]] = operation(row["hook_resource"], snapshot["event"],
-                                                 schemas.event_schema(snapshot))
-    test = {"hook_resource": "webhooks", "event": "webhook.test", "resource": None}
-    items["webhook.test"] = operation("webhooks", "webhook.test", schemas.event_schema(test))
-    return dict(sorted(items.items()))
+# The event every subscription may be sent (POST /api/v1/webhooks/:id/test), listed nowhere.
+TEST_EVENT = {"hook_resource": "webhooks", "events": ["webhook.test"], "resource": None}
+
+
+def webhooks_object(tables: list[dict[str, Any]]) -> Schema:
+    """The `webhooks` object of the events of api_event_catalog's rows, of webhook.test
+    and of each table's backfill snapshots."""
+    return {event: operation(resource, event, schema) for resource, event, schema
+            in schemas.event_schemas([*tables, TEST_EVENT], snapshots=True)}
 
 
 def _token(scope: Scope) -> str | None:

@@ -175,15 +175,14 @@ def event_member(entry: dict[str, Any], verb: str) -> Schema:
             "properties": properties}
 
 
-def table_body(entry: dict[str, Any]) -> Schema:
-    """The body of an event of an attached table."""
+def table_body(entry: dict[str, Any], row: Schema) -> Schema:
+    """The body of an event of an attached table whose row is `row` (row_schema)."""
     verb = entry["event"].rpartition(".")[2]
     properties: Schema = {"event": event_member(entry, verb)}
     body: Schema = {"type": "object", "additionalProperties": False, "required": ["event"],
                     "properties": properties}
     if verb == "truncate" or not entry["include_row"]:
         return body
-    row = row_schema(entry)
     too_large = {"const": "too_large",
                  "description": "sent instead of the row when it is over WEBHOOKS_MAX_ROW_BYTES"}
     properties["resource"] = row
@@ -225,14 +224,65 @@ def service_body(event: str) -> Schema:
     return body
 
 
-def event_schema(entry: dict[str, Any]) -> Schema:
-    """The JSON Schema of the whole delivery body of one api_event_catalog row."""
+def event_schema(entry: dict[str, Any], row: Schema | None = None) -> Schema:
+    """The JSON Schema of the whole delivery body of `entry["event"]` (an api_event_catalog
+    row's table, or a service event when it has no `resource`)."""
     event = entry["event"]
-    body = service_body(event) if entry["resource"] is None else table_body(entry)
+    body = (service_body(event) if entry["resource"] is None
+            else table_body(entry, row_schema(entry) if row is None else row))
     return {"$schema": DIALECT, "title": event,
             "description": f"The body of a {event} delivery, exactly as sent", **body}
 
 
-def event_schemas(rows: list[dict[str, Any]]) -> list[tuple[str, str, Schema]]:
-    """(resource, event, schema) of every row of api_event_catalog, in its order."""
-    return [(r["hook_resource"], r["event"], event_schema(r)) for r in rows]
+COLUMN_FIELDS = ("name", "not_null", "type", "base", "kind", "typmod", "array", "builtin",
+                 "labels")
+
+
+def table_schemas(table: dict[str, Any]) -> dict[str, Schema]:
+    """The schema of each event of one api_event_catalog row, and of the backfill's
+    `<noun>.snapshot` of a table."""
+    if table["resource"] is None:
+        return {e: event_schema({**table, "event": e}) for e in table["events"]}
+    table = {**table, "columns": [dict(zip(COLUMN_FIELDS, c, strict=True))
+                                  for c in msgspec.json.decode(table["columns"] or "[]")]}
+    row = row_schema(table)  # one object, shared by the events of the table
+    noun = table["events"][0].rpartition(".")[0]
+    return {e: event_schema({**table, "event": e}, row)
+            for e in [*table["events"], f"{noun}.snapshot"]}
+
+
+# The encoded schemas of the tables as they were when last asked for, by what the catalog
+# said of them (the columns as JSON text included): a table whose columns or attachment
+# change gets a new entry. Oldest out first past CACHED_TABLES.
+_CACHE: dict[tuple[Any, ...], dict[str, msgspec.Raw]] = {}
+CACHED_TABLES = 4096
+
+
+def encoded(table: dict[str, Any]) -> dict[str, msgspec.Raw]:
+    """table_schemas(table), each encoded as JSON, from the cache when nothing changed."""
+    key = tuple(tuple(v) if isinstance(v, list) else v for v in table.values())
+    found = _CACHE.get(key)
+    if found is None:
+        found = {e: msgspec.Raw(msgspec.json.encode(s)) for e, s in table_schemas(table).items()}
+        while len(_CACHE) >= CACHED_TABLES:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = found
+    return found
+
+
+def event_schemas(tables: list[dict[str, Any]], snapshots: bool = False
+                  ) -> list[tuple[str, str, msgspec.Raw]]:
+    """(resource, event, encoded schema) of every listed event of api_event_catalog's rows
+    (and every table's `<noun>.snapshot` with `snapshots`), by resource and event."""
+    found = [(t["hook_resource"], event, schema) for t in tables
+             for event, schema in encoded(t).items()
+             if snapshots or event in t["events"]]
+    return sorted(found, key=lambda f: (f[0], f[1]))
+
+
+def hook_events_json(tables: list[dict[str, Any]]) -> bytes:
+    """GET /hook_events' answer: [{"resource", "event", "schema"}], compact JSON."""
+    return b"[" + b",".join(
+        b'{"resource":' + msgspec.json.encode(r) + b',"event":' + msgspec.json.encode(e)
+        + b',"schema":' + bytes(s) + b"}"
+        for r, e, s in event_schemas(tables)) + b"]"

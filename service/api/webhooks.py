@@ -412,11 +412,12 @@ async def delete_webhook(webhook_id: IdPath, principal: PrincipalDep, store: Sto
 
 @get("/hook_events", summary="List the events that can be subscribed to",
      responses=error_responses(*API_ERRORS))
-async def list_hook_events(principal: PrincipalDep, store: StoreDep) -> list[HookEvent]:
+async def list_hook_events(principal: PrincipalDep, store: StoreDep
+                           ) -> Response[list[HookEvent]]:
     """Every public event, as {"resource", "event", "schema"}, by resource and name:
     `schema` is the JSON Schema of its delivery body, from the table as it is now."""
-    rows = await store.event_catalog()
-    return [HookEvent(resource=r, event=e, schema=s) for r, e, s in schemas.event_schemas(rows)]
+    tables = await store.event_catalog()
+    return Response(cast(Any, schemas.hook_events_json(tables)), media_type=MediaType.JSON)
 
 
 # --- health -------------------------------------------------------------------------

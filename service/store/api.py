@@ -39,8 +39,9 @@ class ApiQueries(AsyncQueries):
         return await self._all("api_hook_events")
 
     async def event_catalog(self) -> list[dict[str, Any]]:
-        """Every public event with its attachment and its table's columns, for the schemas
-        of their bodies (service.api.schemas)."""
+        """Each table with public events (and each resource of the service's own events):
+        its events, its attachment and its columns, for the schemas of their bodies
+        (service.api.schemas)."""
         return await self._all("api_event_catalog")
 
     async def lock_owner(self, *, owner: str) -> None:

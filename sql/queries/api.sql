@@ -48,16 +48,19 @@ SELECT resource, event
  ORDER BY resource, event
 
 -- name: api_event_catalog --
--- Every public event with what its delivery body is made of (service.api.schemas): the
--- attachment of its table (NULL for the service's own webhook.* events) and, once per
--- event, the table's columns in table order, each with its type looked through domains
--- and into arrays (as webhooks.column_sql writes values): the type reached, its typmod,
--- whether an array was passed, its enum labels, and whether it is built in (written as
--- JSON) or not (written as its text form). Read from the catalog at each request, so a
--- column added a moment ago is there.
+-- What the delivery bodies of the public events are made of (service.api.schemas), one
+-- row per table with public events and one per resource of the service's own events:
+-- its public events, the attachment (NULL for webhook.*), and the table's columns in
+-- table order as JSON text, each [name, NOT NULL, type as declared, type reached, its
+-- typtype, typmod, through an array, built in, enum labels]: the type looked through
+-- domains and into arrays as webhooks.column_sql writes values (a built-in one as JSON, any
+-- other as its text form). Read from the catalog at each request, so a column added a
+-- moment ago is there; the text is the API's cache key, parsed only when it changed.
 WITH RECURSIVE tables AS (
-    SELECT DISTINCT e.table_oid FROM webhooks.hook_events e
+    SELECT e.table_oid, array_agg(e.event ORDER BY e.event) AS events
+      FROM webhooks.hook_events e
      WHERE e.public AND e.table_oid IS NOT NULL
+     GROUP BY e.table_oid
 ), walk AS (
     SELECT t.attrelid, t.attnum, t.atttypid AS typ, t.atttypmod AS typmod,
            false AS arr, 0 AS depth
@@ -73,29 +76,31 @@ WITH RECURSIVE tables AS (
      WHERE (p.typtype = 'd' OR (p.typcategory = 'A' AND p.typelem <> 0)) AND w.depth < 32
 ), columns AS (
     SELECT a.attrelid AS table_oid,
-           jsonb_agg(jsonb_build_object(
-               'name', a.attname, 'not_null', a.attnotnull,
-               'type', format_type(a.atttypid, a.atttypmod),
-               'base', p.typname, 'kind', p.typtype, 'typmod', w.typmod, 'array', w.arr,
-               'builtin', p.oid < 16384,
-               'labels', CASE WHEN p.typtype = 'e' THEN
-                   (SELECT jsonb_agg(l.enumlabel ORDER BY l.enumsortorder)
+           json_agg(json_build_array(
+               a.attname, a.attnotnull, format_type(a.atttypid, a.atttypmod), p.typname,
+               p.typtype, w.typmod, w.arr, p.oid < 16384,
+               CASE WHEN p.typtype = 'e' THEN
+                   (SELECT array_agg(l.enumlabel ORDER BY l.enumsortorder)
                       FROM pg_enum l WHERE l.enumtypid = p.oid) END)
-               ORDER BY a.attnum) AS columns
+               ORDER BY a.attnum)::text AS columns
       FROM walk w
       JOIN pg_type p ON p.oid = w.typ
       JOIN pg_attribute a ON a.attrelid = w.attrelid AND a.attnum = w.attnum
      WHERE NOT (p.typtype = 'd' OR (p.typcategory = 'A' AND p.typelem <> 0))
      GROUP BY a.attrelid
 )
-SELECT e.resource AS hook_resource, e.event, a.resource, a.parent_resource,
-       a.parent_column, a.id_column, a.user_column, a.exclude_columns, a.columns AS allowed,
-       a.include_row, a.include_previous, c.columns
+SELECT a.hook_resource, t.events, a.resource, a.parent_resource, a.parent_column,
+       a.id_column, a.exclude_columns, a.columns AS allowed, a.include_row,
+       a.include_previous, c.columns
+  FROM tables t
+  JOIN webhooks.attachments a ON a.table_oid = t.table_oid
+  LEFT JOIN columns c ON c.table_oid = t.table_oid
+UNION ALL
+SELECT e.resource, array_agg(e.event ORDER BY e.event), NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL, NULL, NULL
   FROM webhooks.hook_events e
-  LEFT JOIN webhooks.attachments a ON a.table_oid = e.table_oid
-  LEFT JOIN columns c ON c.table_oid = e.table_oid
- WHERE e.public
- ORDER BY e.resource, e.event
+ WHERE e.public AND e.table_oid IS NULL
+ GROUP BY e.resource
 
 -- name: api_owner_lock --
 -- Serialises the creates of one owner (until commit), so that the count below is exact
