@@ -4,6 +4,7 @@ document is served while the database is down."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -11,8 +12,10 @@ import jsonschema
 import psycopg
 
 from service.config import Settings
+from tests.e2e.test_event_schemas import ROWS, errors, make_kinds
 from tests.support.api import Api, serving
 from tests.support.net import free_port
+from tests.support.worker import poll, running_worker
 
 HEADERS = {"webhook-id", "webhook-timestamp", "webhook-signature", "X-Hook-Signature"}
 # Columns of the example tables and of the one made below, which only a token may see.
@@ -82,3 +85,26 @@ async def test_the_document_is_served_while_the_database_is_down() -> None:
             assert "webhooks" not in response.json()
             assert "/api/v1/hook_events" in response.json()["paths"]
             assert time.monotonic() - started < 10
+
+
+async def test_backfill_snapshots_validate_against_their_documented_schema(api: Api) -> None:
+    with psycopg.connect(api.db_url, autocommit=True) as conn:
+        make_kinds(conn, exclude_columns="'{secret}'", user_column="'t'")
+        for statement in ROWS[:4]:
+            conn.execute(statement)
+    document = (await api.request("GET", "/schema/openapi.json")).json()
+    schema = document["webhooks"]["kind.snapshot"]["post"]["requestBody"]["content"][
+        "application/json"]["schema"]
+    sub = await api.create(events="kind.update", resource="kinds")
+    async with running_worker(api.db_url):
+        started = await api.request("POST", f"/api/v1/webhooks/{sub['id']}/backfill", json={})
+        assert started.status_code == 202, started.text
+        await poll(lambda: len(api.receiver.deliveries()) >= 4, timeout=30,
+                   what="four snapshots")
+    bodies = [json.loads(r.body) for r in api.receiver.deliveries()]
+    assert sorted(b["event"]["resource_id"] for b in bodies) == [1, 2, 3, 4]
+    assert {b["event"]["name"] for b in bodies} == {"kind.snapshot"}
+    for body in bodies:
+        assert errors(schema, body) == [], body
+    wrong = {**bodies[0], "event": {**bodies[0]["event"], "changed": ["t"]}}
+    assert errors(schema, wrong) != []
