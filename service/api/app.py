@@ -162,7 +162,7 @@ def create_app(settings: Settings, pool: Pool | None = None,
             # all together too (db_budget).
             app.state.store = Store(app.state.pool, settings.api_db_timeout)
             # /readyz, and the 503 of every request while the database is not migrated.
-            app.state.readiness = Readiness(app.state.pool)
+            app.state.readiness = Readiness(app.state.pool, settings.api_db_timeout)
             # In the background, so that the API binds at once even while the database is
             # down. Not fatal: the worker makes them too, and test events retry after
             # making them; a role that may not create tables gets its error there.

@@ -16,6 +16,7 @@ finds the service's tables gone (errors.py) makes the requests check again.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from typing import Any
 
@@ -26,6 +27,7 @@ from psycopg_pool import AsyncConnectionPool
 from service.api.errors import ApiError, error_responses
 from service.availability import MIGRATE_HINT, not_migrated
 from service.store import translated
+from service.store.deadline import checked_out, watched
 
 log = logging.getLogger("webhooks.api")
 
@@ -39,8 +41,11 @@ REQUEST_WAIT = 5.0
 class Readiness:
     """Whether the database answers and is migrated, one check at a time."""
 
-    def __init__(self, pool: AsyncConnectionPool) -> None:
+    def __init__(self, pool: AsyncConnectionPool, timeout: float = 10.0) -> None:
         self._pool = pool
+        # The check's own deadlines, a checkout's and its statements' (as the store's): a
+        # connection that stops answering is abandoned, and the next check takes another.
+        self._timeout = timeout
         self._check: asyncio.Task[str | None] | None = None
         # Set once a check found the database migrated; cleared when a query finds the
         # service's tables missing (errors.py).
@@ -48,15 +53,19 @@ class Readiness:
 
     async def _run(self) -> str | None:
         with translated():
-            async with self._pool.connection() as conn:
-                reason = await not_migrated(conn)
+            async with checked_out(self._pool, self._timeout) as conn:
+                with watched(conn, self._timeout, charge=False):
+                    reason = await not_migrated(conn)
         self.migrated = reason is None
         return reason
 
     async def problem(self, within: float = READY_WITHIN) -> str | None:
         """None when ready, else what is wrong; answers within `within` seconds."""
         if self._check is None or self._check.done():
-            self._check = asyncio.create_task(self._run(), name="readiness")
+            # In a context of its own: no request's database budget (service.store.budget)
+            # applies to a check that several requests share.
+            self._check = asyncio.create_task(self._run(), name="readiness",
+                                              context=contextvars.Context())
             # Its outcome is read below, or by nobody if every probe gave up waiting.
             self._check.add_done_callback(lambda t: t.cancelled() or t.exception())
         check = self._check
