@@ -30,6 +30,7 @@ const REASONS = {
   409: "Not possible now",
   413: "The request is too large",
   429: "Too many requests",
+  503: "The service cannot answer now",
 };
 
 // The `before` cursor of a Link: <...>; rel="next" header, or null.
