@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 from service import db, tokens
@@ -63,7 +64,7 @@ def banner(token: str, host: str, port: int, database_url: str) -> str:
     {demo:<16} # in another terminal: a receiver, a subscription, signed deliveries
 
   In another terminal, the commands reach this database with
-    export DATABASE_URL='{shown}'
+    export DATABASE_URL={shlex.quote(shown)}
     .venv/bin/webhooks status
 """
 

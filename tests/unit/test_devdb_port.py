@@ -34,7 +34,7 @@ def test_a_running_cluster_is_found_on_its_port(tmp_path: Path) -> None:
 def test_the_banner_prints_the_database_url_for_other_terminals() -> None:
     url = "postgresql://postgres@127.0.0.1:54341/postgres"
     text = banner("wht_x", "127.0.0.1", 8001, url)
-    assert f"export DATABASE_URL='{url}'" in text
+    assert f"export DATABASE_URL={url}\n" in text  # as it is: nothing to quote
     assert "make demo API=http://127.0.0.1:8001" in text
     assert "make demo API" not in banner("wht_x", "127.0.0.1", 8000, url)
 
