@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Sequence
 from types import TracebackType
@@ -281,6 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # No message, log line or error of this process shows DATABASE_URL's password.
     protect_url(settings.database_url)
     sys.excepthook = _scrubbed_traceback
+    threading.excepthook = _scrubbed_thread_traceback
     setup_logging(settings.log_format, settings.log_level)
     try:
         return int(args.func(args))
@@ -325,3 +327,11 @@ def _scrubbed_traceback(kind: type[BaseException], exc: BaseException,
     password and with control characters escaped."""
     text = "".join(traceback.format_exception(kind, exc, tb))
     sys.stderr.write("\n".join(printable(redact(line)) for line in text.splitlines()) + "\n")
+
+
+def _scrubbed_thread_traceback(args: threading.ExceptHookArgs) -> None:
+    """The same for an error that ends a thread (the worker's metrics server's, say)."""
+    if args.exc_type is SystemExit or args.exc_value is None:
+        return
+    sys.stderr.write(f"Exception in thread {args.thread.name if args.thread else '?'}:\n")
+    _scrubbed_traceback(args.exc_type, args.exc_value, args.exc_traceback)

@@ -138,3 +138,27 @@ def test_text_log_lines_escape_control_characters() -> None:
     line = TextFormatter().format(record("table %s not rewritten", "inv\x1b]0;x\x07oices"))
     assert "\x1b" not in line and "\x07" not in line
     assert "inv\\x1b]0;x\\x07oices" in line
+
+
+def test_unexpected_tracebacks_hold_no_part_of_the_password(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import threading
+
+    from service.commands import cli
+
+    protect_url(URL)
+    leak = RuntimeError(f"cannot use {URL}\x1b[2J")
+    cli._scrubbed_traceback(RuntimeError, leak, None)
+    monkeypatch.setattr(threading, "excepthook", cli._scrubbed_thread_traceback)
+
+    def fail() -> None:
+        raise leak
+
+    thread = threading.Thread(target=fail, name="metrics")
+    thread.start()
+    thread.join()
+    err = capsys.readouterr().err
+    assert err.count("RuntimeError: cannot use postgresql://app:***@db.example.com") == 2
+    assert "Exception in thread metrics" in err
+    assert "\x1b" not in err
+    assert_no_part(err)
