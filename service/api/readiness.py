@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import logging
 from typing import Any
 
 from litestar import Request, Response, get
@@ -28,8 +27,6 @@ from service.api.errors import ApiError, error_responses
 from service.availability import MIGRATE_HINT, not_migrated
 from service.store import translated
 from service.store.deadline import checked_out, watched
-
-log = logging.getLogger("webhooks.api")
 
 # Seconds a probe waits for the check: with the HTTP exchange, under Kubernetes' 1 s.
 READY_WITHIN = 0.8
