@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
@@ -31,6 +32,7 @@ def collect(conn: psycopg.Connection) -> dict[str, Any]:
         "stopped": store.status_stopped(),
         "outbox": store.status_outbox(),
         "worker_tasks": store.status_worker_tasks(),
+        "workers": store.status_workers(),
         "backfills": store.status_backfills(),
         "rejected": {
             "total": rejected[0]["total"] if rejected else 0,
@@ -48,6 +50,13 @@ def _age(seconds: float | None) -> str:
         if seconds >= size:
             return f"{seconds / size:.1f}{unit}"
     return f"{seconds:.1f}s"
+
+
+def _ago(unix: float | None) -> str:
+    """`2.5s ago` for a Unix time reported by a worker; `none yet` for None."""
+    if unix is None:
+        return "none yet"
+    return f"{_age(max(time.time() - float(unix), 0.0))} ago"
 
 
 def _count(n: Any, noun: str, plural: str | None = None) -> str:
@@ -142,6 +151,13 @@ def render(data: dict[str, Any]) -> str:
                      if b["status"] == "running" else f"failed: {b['error'] or ''}")
             out.append(f"  #{b['id']:<6} webhook #{b['subscription_id']}  "
                        f"{_count(b['rows'], 'row')} queued  {state}  [{b['progress'] or ''}]")
+    workers = data.get("workers")
+    if workers is not None:
+        out += ["", "Workers         " + ("none running (no LISTEN connection)" if not workers
+                                       else "last completed round, last LISTEN proof")]
+        for w in workers:
+            out.append(f"  {w['worker'] or 'pid ' + str(w['pid'])}  round "
+                       f"{_ago(w['last_round'])}, proof {_age(w['proved_seconds_ago'])} ago")
     tasks = data.get("worker_tasks")
     if tasks is not None:
         if not tasks:
