@@ -26,6 +26,7 @@ from bench import (
     api,
     capture,
     delivery,
+    https,
     load,
     noisy,
     report,
@@ -63,9 +64,10 @@ SCENARIOS: dict[str, Scenario] = {
     "retention": scale_queue.retention,
     "noisy_neighbour": noisy.scenario,
     "slow_targets": slow.scenario,
+    "https": https.scenario,
 }
-# slow_targets starts receivers of its own.
-NEEDS_RECEIVER = set(SCENARIOS) - {"capture", "capture_scale", "slow_targets"}
+# slow_targets and https start receivers of their own.
+NEEDS_RECEIVER = set(SCENARIOS) - {"capture", "capture_scale", "slow_targets", "https"}
 
 
 # The default retention (WEBHOOKS_RETENTION, 7 days) keeps a partition per day before

@@ -40,9 +40,19 @@ BODY_BYTES = 4096
 CASES = ((200, 1000, 20_000, 5_000), (1000, 2000, 20_000, 6_000))
 
 
-def _get(port: int, path: str, method: str = "GET") -> Any:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
-    with urllib.request.urlopen(req, timeout=10) as resp:
+def get_stats(port: int, path: str, method: str = "GET", tls: bool = False) -> Any:
+    """A request to a receiver's stats (with `tls`, over https, its certificate unchecked:
+    the bench's own receiver)."""
+    context = None
+    if tls:
+        import ssl
+
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    scheme = "https" if tls else "http"
+    req = urllib.request.Request(f"{scheme}://127.0.0.1:{port}{path}", method=method)
+    with urllib.request.urlopen(req, timeout=10, context=context) as resp:
         data = resp.read()
     return json.loads(data) if path.startswith("/stats") else None
 
@@ -52,7 +62,8 @@ def _urls(port: int, group: str, n: int) -> list[str]:
     return [f"http://127.0.1.{1 + i % HOSTS}:{port}/{group}/{i}" for i in range(n)]
 
 
-def _drain(port: int, group: str, expected: int, timeout: float) -> tuple[int, float]:
+def drain(port: int, group: str, expected: int, timeout: float, tls: bool = False
+           ) -> tuple[int, float]:
     """Waits for `expected` receipts of `group`: (count, receipts/s first to last)."""
     import time
 
@@ -60,7 +71,7 @@ def _drain(port: int, group: str, expected: int, timeout: float) -> tuple[int, f
     last, changed = -1, time.monotonic()
     g: dict[str, float] = {}
     while time.monotonic() < deadline:
-        g = _get(port, "/stats").get(group, {})
+        g = get_stats(port, "/stats", tls=tls).get(group, {})
         count = int(g.get("count", 0))
         if count >= expected:
             break
@@ -105,13 +116,13 @@ def _case(ctx: Context, port: int, ms: int, in_flight: int, total: int) -> list[
         targets = _urls(port, group, SUBSCRIPTIONS)
         for o in range(OWNERS):
             subscribe(conn, table, targets[o::OWNERS], owner=f"owner{o}")
-        _get(port, "/reset", method="POST")
+        get_stats(port, "/reset", method="POST")
         with ctx.worker() as worker:
             mark = ctx.cpu_mark(worker)
             insert_rows(conn, table, rows)
-            count, rate = _drain(port, group, rows * SUBSCRIPTIONS, 300)
+            count, rate = drain(port, group, rows * SUBSCRIPTIONS, 300)
             cpu = ctx.cpu_note(worker, mark, count)
-            most = int(_get(port, "/stats/inflight")["most"])
+            most = int(get_stats(port, "/stats/inflight")["most"])
             rss = ctx.rss_mb(worker)
     name = f"slow_targets: {ms} ms answers, deliveries/s"
     notes = (f"{count:,} deliveries of about {BODY_BYTES // 1024} KiB ({rows} rows x "

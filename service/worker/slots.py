@@ -305,9 +305,10 @@ class Slots:
         a hanging target is noticed well before its attempts time out. Also forgets the
         windows of subscriptions idle for FORGET_AFTER."""
         self._now = now
+        # Oldest first (started in order): past the first recent one, all are recent.
         for delivery_id, started in self.started.items():
             if now - started <= self.slow_after:
-                continue
+                break
             held = self.inflight.get(delivery_id)
             sid = held[0].subscription_id if held is not None else None
             if (sid is not None and sid not in self.degraded
