@@ -40,6 +40,10 @@ LANGUAGE sql STABLE AS $$
         OPERATOR(pg_catalog.||) coalesce(s.filter::pg_catalog.text, 'null')
         OPERATOR(pg_catalog.||) ',"ordering":'
         OPERATOR(pg_catalog.||) pg_catalog.to_json(s.ordering)::pg_catalog.text
+        -- Only when it has one: a subscription without a limit reads as before.
+        OPERATOR(pg_catalog.||) coalesce(',"rate_limit":'
+                                         OPERATOR(pg_catalog.||) s.rate_limit::pg_catalog.text,
+                                         '')
         OPERATOR(pg_catalog.||) '}'
 $$;
 

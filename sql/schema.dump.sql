@@ -1506,8 +1506,10 @@ CREATE TABLE webhooks.subscriptions (
     ordering text DEFAULT 'unordered'::text NOT NULL,
     inactive_reason text,
     doc text,
+    rate_limit integer,
     CONSTRAINT subscriptions_events_check CHECK ((cardinality(events) > 0)),
-    CONSTRAINT subscriptions_ordering_check CHECK ((ordering = ANY (ARRAY['unordered'::text, 'strict'::text])))
+    CONSTRAINT subscriptions_ordering_check CHECK ((ordering = ANY (ARRAY['unordered'::text, 'strict'::text]))),
+    CONSTRAINT subscriptions_rate_limit_check CHECK (((rate_limit >= 1) AND (rate_limit <= 10000)))
 )
 WITH (fillfactor='70');
 
@@ -1861,6 +1863,31 @@ CREATE FUNCTION webhooks.probe_lock_class() RETURNS integer
     LANGUAGE sql IMMUTABLE
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$ SELECT 2003331939 $$;
+
+CREATE FUNCTION webhooks.rate_bucket_sync() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF NEW.rate_limit IS NULL THEN
+        DELETE FROM webhooks.rate_buckets b WHERE b.subscription_id = NEW.id;
+    ELSE
+        INSERT INTO webhooks.rate_buckets AS b (subscription_id, rate, tokens)
+        VALUES (NEW.id, NEW.rate_limit, webhooks.rate_capacity(NEW.rate_limit))
+            ON CONFLICT (subscription_id) DO UPDATE
+           SET rate = excluded.rate,
+               tokens = least(b.tokens, webhooks.rate_capacity(excluded.rate));
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION webhooks.rate_capacity(rate integer) RETURNS double precision
+    LANGUAGE sql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT greatest(1.0, rate_capacity.rate * 0.5)
+$$;
 
 CREATE FUNCTION webhooks.recover(subscription_id bigint, since timestamp with time zone, until timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS bigint
     LANGUAGE plpgsql
@@ -2273,6 +2300,10 @@ CREATE FUNCTION webhooks.subscription_json(s webhooks.subscriptions) RETURNS tex
         OPERATOR(pg_catalog.||) coalesce(s.filter::pg_catalog.text, 'null')
         OPERATOR(pg_catalog.||) ',"ordering":'
         OPERATOR(pg_catalog.||) pg_catalog.to_json(s.ordering)::pg_catalog.text
+        -- Only when it has one: a subscription without a limit reads as before.
+        OPERATOR(pg_catalog.||) coalesce(',"rate_limit":'
+                                         OPERATOR(pg_catalog.||) s.rate_limit::pg_catalog.text,
+                                         '')
         OPERATOR(pg_catalog.||) '}'
 $$;
 
@@ -2565,6 +2596,15 @@ CREATE VIEW webhooks.queue_partitions AS
     partition_bounds.detach_pending
    FROM webhooks.partition_bounds() partition_bounds(parent, partition, lower_bound, upper_bound, detach_pending);
 
+CREATE TABLE webhooks.rate_buckets (
+    subscription_id bigint NOT NULL,
+    rate integer NOT NULL,
+    tokens double precision NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    horizon timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    CONSTRAINT rate_buckets_rate_check CHECK (((rate >= 1) AND (rate <= 10000)))
+);
+
 CREATE TABLE webhooks.rejected_changes (
     id bigint NOT NULL,
     table_name text NOT NULL,
@@ -2674,6 +2714,9 @@ ALTER TABLE ONLY webhooks.outbox
 ALTER TABLE ONLY webhooks.queue_floor
     ADD CONSTRAINT queue_floor_pkey PRIMARY KEY (single);
 
+ALTER TABLE ONLY webhooks.rate_buckets
+    ADD CONSTRAINT rate_buckets_pkey PRIMARY KEY (subscription_id);
+
 ALTER TABLE ONLY webhooks.rejected_changes
     ADD CONSTRAINT rejected_changes_pkey PRIMARY KEY (id);
 
@@ -2746,6 +2789,10 @@ CREATE TRIGGER subscriptions_4_registry_delete AFTER DELETE ON webhooks.subscrip
 
 CREATE TRIGGER subscriptions_5_ordering AFTER UPDATE OF active, ordering ON webhooks.subscriptions FOR EACH ROW WHEN (((old.active IS DISTINCT FROM new.active) OR (old.ordering IS DISTINCT FROM new.ordering))) EXECUTE FUNCTION webhooks.subscription_ordering_changed();
 
+CREATE TRIGGER subscriptions_6_rate_insert AFTER INSERT ON webhooks.subscriptions FOR EACH ROW WHEN ((new.rate_limit IS NOT NULL)) EXECUTE FUNCTION webhooks.rate_bucket_sync();
+
+CREATE TRIGGER subscriptions_6_rate_update AFTER UPDATE OF rate_limit ON webhooks.subscriptions FOR EACH ROW WHEN ((new.rate_limit IS DISTINCT FROM old.rate_limit)) EXECUTE FUNCTION webhooks.rate_bucket_sync();
+
 CREATE TRIGGER subscriptions_9_doc BEFORE INSERT OR UPDATE ON webhooks.subscriptions FOR EACH ROW EXECUTE FUNCTION webhooks.subscription_doc();
 
 CREATE TRIGGER subscriptions_forget_deliveries AFTER DELETE ON webhooks.subscriptions REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION webhooks.forget_deliveries();
@@ -2758,6 +2805,9 @@ ALTER TABLE ONLY webhooks.backfills
 
 ALTER TABLE ONLY webhooks.hook_events
     ADD CONSTRAINT hook_events_table_oid_fkey FOREIGN KEY (table_oid) REFERENCES webhooks.attachments(table_oid) ON DELETE CASCADE;
+
+ALTER TABLE ONLY webhooks.rate_buckets
+    ADD CONSTRAINT rate_buckets_subscription_id_fkey FOREIGN KEY (subscription_id) REFERENCES webhooks.subscriptions(id) ON DELETE CASCADE;
 
 ALTER TABLE ONLY webhooks.subscription_events
     ADD CONSTRAINT subscription_events_subscription_id_fkey FOREIGN KEY (subscription_id) REFERENCES webhooks.subscriptions(id) ON DELETE CASCADE;
@@ -2861,6 +2911,10 @@ REVOKE ALL ON FUNCTION webhooks.parked_subscriptions() FROM PUBLIC;
 REVOKE ALL ON FUNCTION webhooks.partition_bounds() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.probe_lock_class() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION webhooks.rate_bucket_sync() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION webhooks.rate_capacity(rate integer) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION webhooks.recover(subscription_id bigint, since timestamp with time zone, until timestamp with time zone) FROM PUBLIC;
 

@@ -50,6 +50,8 @@ class Subscription(msgspec.Struct):
     # Why the service made it inactive (its table detached, its events made private,
     # auto-disabled); null while active or when its owner deactivated it.
     inactive_reason: str | None = None
+    # POSTs per second to the target at most, across every worker; left out when none.
+    rate_limit: int | None = None
 
 
 class HookEvent(msgspec.Struct):
@@ -215,16 +217,30 @@ def parse_active(text: str | None) -> bool | None:
 
 
 CREATE_FIELDS = ("resource", "events", "target")
-CREATE_OPTIONAL = ("filter", "ordering")
+CREATE_OPTIONAL = ("filter", "ordering", "rate_limit")
+# A subscription's rate limit: POSTs per second (docs/api.md, "Rate limits").
+RATE_LIMITS = (1, 10_000)
 ORDERINGS = ("unordered", "strict")
 UPDATE_FIELDS = ("active", "id", "resource", "events", "target", "last_status",
                  "last_success_at", "last_failure_at", "last_failure_content", "filter",
-                 "ordering", "inactive_reason")
+                 "ordering", "inactive_reason", "rate_limit")
 # id, resource, events and target may be repeated in a PUT but not changed. The status
 # fields, which the worker changes at any time, may be sent too (a client sending back what
 # it read) and are ignored, since comparing them would race the worker.
 STATUS_FIELDS = ("last_status", "last_success_at", "last_failure_at", "last_failure_content",
                  "inactive_reason")
+
+
+def rate_limit_field(body: dict[str, Any]) -> int | None:
+    """`rate_limit`: an integer from 1 to 10,000, or null for none."""
+    value = body.get("rate_limit")
+    low, high = RATE_LIMITS
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ApiError(400, f"field 'rate_limit' must be an integer from {low} to {high:,} "
+                            f"(POSTs per second) or null, not {shown(str(value))}")
+    return value
 
 
 def check_unchanged(body: dict[str, Any], current: Subscription, names: list[str] | None
@@ -267,6 +283,12 @@ EVENTS_SCHEMA = Schema(
     description="event names, comma-separated or as an array: full (invoice.create), bare "
                 "verbs of the resource's own noun (create), destroy as an alias of delete",
     examples=["invoice.create,payment.create", ["invoice.create", "payment.create"]])
+RATE_LIMIT_SCHEMA = Schema(
+    one_of=[Schema(type=OpenAPIType.INTEGER, minimum=RATE_LIMITS[0], maximum=RATE_LIMITS[1]),
+            Schema(type=OpenAPIType.NULL)],
+    description="POSTs per second to the target at most, across every worker (first "
+                "attempts, retries, redeliveries, test events, backfills); deliveries "
+                "beyond it wait. null: no limit (the default)")
 CREATE_SCHEMA = Schema(
     title="CreateSubscription",
     type=OpenAPIType.OBJECT,
@@ -290,13 +312,15 @@ CREATE_SCHEMA = Schema(
         "ordering": Schema(type=OpenAPIType.STRING, enum=list(ORDERINGS),
                            description="strict: one delivery in flight at a time, in event "
                                        "order; default unordered"),
+        "rate_limit": RATE_LIMIT_SCHEMA,
     },
 )
 UPDATE_SCHEMA = Schema(
     title="UpdateSubscription",
     type=OpenAPIType.OBJECT,
     additional_properties=False,
-    description="active and/or target; a field left out keeps its value. A new target "
+    description="active, target and/or rate_limit; a field left out keeps its value. A "
+                "new target "
                 "moves the subscription after the verification handshake with a newly made "
                 "secret, which then signs (the old one beside it for the rotation overlap); "
                 "id and log stay; id, resource and events may be sent with their current "
@@ -315,6 +339,7 @@ UPDATE_SCHEMA = Schema(
         "filter": Schema(one_of=[Schema(type=OpenAPIType.OBJECT),
                                  Schema(type=OpenAPIType.NULL)]),
         "ordering": Schema(type=OpenAPIType.STRING, enum=list(ORDERINGS)),
+        "rate_limit": RATE_LIMIT_SCHEMA,
     },
 )
 REQUEST_COMPONENTS = Components(

@@ -42,6 +42,7 @@ from service.api.models import (
     parse_limit,
     parse_object,
     query_text,
+    rate_limit_field,
     shown,
     string_field,
     to_subscription,
@@ -285,6 +286,7 @@ async def create_webhook(
     resource, target = string_field(body, "resource"), string_field(body, "target")
     text = events_field(body)
     ordering = body.get("ordering", "unordered")
+    rate_limit = rate_limit_field(body)
     if ordering not in ORDERINGS:
         raise ApiError(400, f"field 'ordering' must be one of {', '.join(ORDERINGS)}, not "
                             f"{shown(str(ordering))}")
@@ -311,7 +313,7 @@ async def create_webhook(
         row = await s.insert_subscription(
             owner=principal.owner, tenant=principal.tenant, resource=resource, events=names,
             target=target, secret=box.seal(secret), max=limit, filter=filter_,
-            filter_path=path, ordering=ordering)
+            filter_path=path, ordering=ordering, rate_limit=rate_limit)
     if row is None:
         raise _too_many(limit)
     await _settle(store, row["id"], settings)
@@ -358,6 +360,7 @@ async def update_webhook(
     body = parse_object(await request.body())
     check_fields(body, UPDATE_FIELDS, ())
     wanted = bool_field(body, "active") if "active" in body else None
+    new_rate = rate_limit_field(body)
     text = events_field(body) if "events" in body else None
     if "target" in body:
         await _move_target(store, number, string_field(body, "target"), principal, settings,
@@ -369,6 +372,7 @@ async def update_webhook(
             raise ApiError(404, f"no webhook with id {number}")
         current = to_subscription(row)
         active = current.active if wanted is None else wanted
+        rate_limit = new_rate if "rate_limit" in body else current.rate_limit
         names = None
         if text is not None:
             # Compared as the create would have stored them: bare verbs, aliases, order.
@@ -393,7 +397,8 @@ async def update_webhook(
             stored = await s.subscription_filter_path(id=number)
             await _check_filter_budget(s, principal, number, stored, settings)
         updated = await s.set_subscription_active(id=number, owner=principal.owner,
-                                                  tenant=principal.tenant, active=active)
+                                                  tenant=principal.tenant, active=active,
+                                                  rate_limit=rate_limit)
     assert updated is not None
     if active and not current.active:
         await _settle(store, number, settings)

@@ -55,13 +55,13 @@ class ApiQueries(AsyncQueries):
 
     async def insert_subscription(self, *, owner: str, tenant: str | None, resource: str,
                                   events: list[str], target: str, secret: str, max: int,
-                                  filter: Any, filter_path: str | None, ordering: str
-                                  ) -> dict[str, Any] | None:
+                                  filter: Any, filter_path: str | None, ordering: str,
+                                  rate_limit: int | None = None) -> dict[str, Any] | None:
         """The new subscription ({"id", "doc"}), or None when the owner has `max`."""
         return await self._one("api_subscription_insert", {
             "owner": owner, "tenant": tenant, "resource": resource, "events": events,
             "target": target, "secret": secret, "max": max, "filter": filter,
-            "filter_path": filter_path, "ordering": ordering})
+            "filter_path": filter_path, "ordering": ordering, "rate_limit": rate_limit})
 
     async def list_subscriptions(self, *, token_hash: bytes, resource: str | None,
                                  active: bool | None, after: int, limit: int, max_bytes: int
@@ -87,10 +87,13 @@ class ApiQueries(AsyncQueries):
                                {"id": id, "owner": owner, "tenant": tenant})
 
     async def set_subscription_active(self, *, id: int, owner: str, tenant: str | None,
-                                      active: bool) -> dict[str, Any] | None:
-        """Sets `active`; the subscription ({"id", "doc"}), or None when not found."""
+                                      active: bool, rate_limit: int | None
+                                      ) -> dict[str, Any] | None:
+        """Sets `active` and `rate_limit`; the subscription ({"id", "doc"}), or None when
+        not found."""
         return await self._one("api_subscription_set_active",
-                               {"id": id, "owner": owner, "tenant": tenant, "active": active})
+                               {"id": id, "owner": owner, "tenant": tenant, "active": active,
+                                "rate_limit": rate_limit})
 
     async def delete_subscription(self, *, id: int, owner: str, tenant: str | None) -> bool:
         """Deletes the subscription; False when it is not the caller's."""

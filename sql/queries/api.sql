@@ -116,9 +116,10 @@ SELECT count(*) FROM webhooks.subscriptions WHERE owner = %(owner)s
 -- in the same transaction.
 -- Returns the subscription as GET shows it (its doc, which the row's trigger wrote).
 INSERT INTO webhooks.subscriptions AS s (owner, tenant, resource, events, target, secret,
-                                         active, last_status, filter, filter_path, ordering)
+                                         active, last_status, filter, filter_path, ordering,
+                                         rate_limit)
 SELECT %(owner)s, %(tenant)s, %(resource)s, %(events)s, %(target)s, %(secret)s, true, 200,
-       %(filter)s::jsonb, %(filter_path)s::jsonpath, %(ordering)s
+       %(filter)s::jsonb, %(filter_path)s::jsonpath, %(ordering)s, %(rate_limit)s::int
  WHERE (SELECT count(*) FROM webhooks.subscriptions WHERE owner = %(owner)s) < %(max)s
 RETURNING s.id, s.doc
 
@@ -184,9 +185,10 @@ SELECT id, resource, events, target, active, last_status, last_success_at,
    FOR UPDATE
 
 -- name: api_subscription_set_active --
+-- Sets active and the rate limit (the bucket follows: sql/ratelimit.sql).
 -- Returns the subscription as GET shows it (its doc, which the row's trigger wrote).
 UPDATE webhooks.subscriptions AS s
-   SET active = %(active)s
+   SET active = %(active)s, rate_limit = %(rate_limit)s::int
  WHERE id = %(id)s AND owner = %(owner)s
    AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
 RETURNING s.id, s.doc

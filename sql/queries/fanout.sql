@@ -155,13 +155,15 @@ WITH lock AS (
                       FROM matched m
                       CROSS JOIN LATERAL (
                          SELECT s.owner, s.active, s.ordering, s.target, s.secret,
-                                s.previous_secret, s.previous_secret_expires_at
+                                s.previous_secret, s.previous_secret_expires_at, s.rate_limit
                            FROM webhooks.subscriptions s
                           WHERE s.id = m.subscription_id LIMIT 1) s
                       LEFT JOIN busy b ON b.sid = m.subscription_id
                      WHERE (SELECT ok FROM quiet)
                        AND (SELECT count(*) FROM matched) <= least(%(take)s, 64)
-                       AND s.active AND s.ordering = 'unordered'
+                       -- A rate-limited subscription's deliveries go through the
+                       -- claim, which spends its bucket.
+                       AND s.active AND s.ordering = 'unordered' AND s.rate_limit IS NULL
                        AND m.subscription_id <> ALL (%(saturated)s::bigint[])
                        AND s.owner <> ALL (%(saturated_owners)s::text[])) m
               LEFT JOIN busy_owners o ON o.owner = m.owner

@@ -102,13 +102,42 @@ WITH floor AS (
     SELECT * FROM fifo
     UNION ALL
     SELECT * FROM others
+), limited AS MATERIALIZED (
+    -- The buckets of the rate-limited subscriptions among the candidates (sql/ratelimit.sql),
+    -- locked, so that every worker's claims spend one bucket in turn, refilled to now:
+    -- what each may send now (`allowance`), and from when what it may not is spaced.
+    SELECT b.subscription_id AS sid, b.rate, b.horizon,
+           least(webhooks.rate_capacity(b.rate),
+                 b.tokens + b.rate * extract(epoch FROM now() - b.at)) AS tokens
+      FROM webhooks.rate_buckets b
+     WHERE b.subscription_id = ANY (ARRAY(SELECT c.subscription_id FROM candidates c))
+     ORDER BY b.subscription_id
+       FOR UPDATE OF b
 ), per_subscription AS (
     SELECT c.id, c.created_at, c.subscription_id, c.event_id, c.owner, c.part, c.tid,
-           c.lane, c.next_attempt_at AS due,
+           c.lane, c.next_attempt_at AS due, l.rate, l.horizon,
+           floor(l.tokens)::int AS allowance,
+           row_number() OVER (PARTITION BY c.subscription_id
+                              ORDER BY c.next_attempt_at, c.id) AS n,
            row_number() OVER (PARTITION BY c.subscription_id
                               ORDER BY c.next_attempt_at, c.id) + coalesce(b.n, 0) AS slot
       FROM candidates c
       LEFT JOIN busy b ON b.sid = c.subscription_id
+      LEFT JOIN limited l ON l.sid = c.subscription_id
+), deferred AS (
+    -- A rate-limited subscription's due deliveries beyond what its bucket allows wait,
+    -- each moved to its turn at the rate after the last one moved (the bucket's horizon):
+    -- none is dropped or counted as an attempt, and the scan of the due index does not
+    -- meet them again before their turn.
+    UPDATE webhooks.deliveries d
+       SET next_attempt_at = greatest(p.horizon, now())
+                             + make_interval(secs => (p.n - p.allowance)::float8 / p.rate)
+      FROM per_subscription p
+     WHERE p.rate IS NOT NULL AND p.n > p.allowance
+       AND d.ctid = p.tid AND d.tableoid = p.part AND d.created_at = p.created_at
+       AND d.created_at >= coalesce(%(since)s::timestamptz, '-infinity')
+       AND d.created_at <= now()
+    RETURNING d.subscription_id
 ), per_owner AS (
     SELECT p.id, p.created_at, p.subscription_id, p.event_id, p.part, p.tid, p.due, p.lane,
            row_number() OVER (PARTITION BY p.owner ORDER BY p.due, p.id)
@@ -117,10 +146,11 @@ WITH floor AS (
       LEFT JOIN busy_owners o ON o.owner = p.owner
      WHERE p.slot <= CASE WHEN p.subscription_id = ANY (%(degraded)s::bigint[]) THEN 1
                           ELSE %(per_target)s END
+       AND (p.rate IS NULL OR p.n <= p.allowance)
 ), chosen AS MATERIALIZED (
-    SELECT c.id, c.created_at, c.part, c.tid, c.due, s.owner, s.active, s.target,
-           s.secret, s.ordering = 'strict' AS strict, e.name, e.body, e.traceparent,
-           e.tracestate,
+    SELECT c.id, c.created_at, c.subscription_id, c.part, c.tid, c.due, s.owner, s.active,
+           s.target, s.secret, s.ordering = 'strict' AS strict, e.name, e.body,
+           e.traceparent, e.tracestate,
            -- During a rotation's overlap the secret before it signs too.
            CASE WHEN s.previous_secret_expires_at > now() THEN s.previous_secret END
                AS previous_secret
@@ -144,6 +174,21 @@ WITH floor AS (
         SELECT e.name, e.body, e.traceparent, e.tracestate
           FROM webhooks.events e WHERE e.id = c.event_id
          ORDER BY e.created_at DESC LIMIT 1) e
+), spent AS (
+    -- What the claim takes comes out of each bucket; the horizon moves past what waits.
+    UPDATE webhooks.rate_buckets b
+       SET tokens = l.tokens - coalesce((SELECT count(*) FROM chosen c
+                                          WHERE c.subscription_id = l.sid AND c.active), 0),
+           at = now(),
+           horizon = CASE WHEN w.n > 0
+                          THEN greatest(l.horizon, now())
+                               + make_interval(secs => w.n::float8 / l.rate)
+                          ELSE l.horizon END
+      FROM limited l
+     CROSS JOIN LATERAL (SELECT count(*) AS n FROM deferred x
+                          WHERE x.subscription_id = l.sid) w
+     WHERE b.subscription_id = l.sid
+    RETURNING 1
 )
 UPDATE webhooks.deliveries d
    SET attempts = d.attempts + 1,

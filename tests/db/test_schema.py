@@ -47,7 +47,7 @@ def test_two_processes_migrating_at_once(empty_db: str) -> None:
                                   # yoyo's four (service.db.prepare_yoyo) aside.
                                   " AND c.relname !~ '^_?yoyo_'"
                               " AND NOT c.relispartition").fetchone()
-    assert tables == (16,)
+    assert tables == (17,)
 
 
 def test_query_files_parse() -> None:

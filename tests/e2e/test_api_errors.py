@@ -157,7 +157,8 @@ async def test_openapi_document(api: Api) -> None:
     assert schemas["ErrorBody"]["properties"] == {"error": {"type": "string"}}
     assert set(schemas["Subscription"]["properties"]) == {
         "id", "resource", "events", "target", "active", "last_status", "last_success_at",
-        "last_failure_at", "last_failure_content", "filter", "ordering", "inactive_reason"}
+        "last_failure_at", "last_failure_content", "filter", "ordering", "inactive_reason",
+        "rate_limit"}
     for method, name in (("post", "CreateSubscription"), ("put", "UpdateSubscription")):
         operation = paths["/api/v1/webhooks" + ("/{webhook_id}" if method == "put" else "")]
         body = operation[method]["requestBody"]["content"]["application/json"]["schema"]
