@@ -251,29 +251,32 @@ def table_schemas(table: dict[str, Any]) -> dict[str, Schema]:
             for e in [*table["events"], f"{noun}.snapshot"]}
 
 
-# The encoded schemas of the tables as they were when last asked for, by what the catalog
-# said of them (the columns as JSON text included): a table whose columns or attachment
-# change gets a new entry. Oldest out first past CACHED_TABLES.
-_CACHE: dict[tuple[Any, ...], dict[str, msgspec.Raw]] = {}
-CACHED_TABLES = 4096
+# The encoded schemas of each table (by hook resource and resource) as the catalog last
+# described it, its columns as JSON text included: a table whose columns or attachment
+# change is built again, one no longer attached is dropped, so what is kept is what the
+# answers hold.
+_CACHE: dict[tuple[str, str | None], tuple[tuple[Any, ...], dict[str, msgspec.Raw]]] = {}
 
 
 def encoded(table: dict[str, Any]) -> dict[str, msgspec.Raw]:
     """table_schemas(table), each encoded as JSON, from the cache when nothing changed."""
+    name = (table["hook_resource"], table["resource"])
     key = tuple(tuple(v) if isinstance(v, list) else v for v in table.values())
-    found = _CACHE.get(key)
-    if found is None:
-        found = {e: msgspec.Raw(msgspec.json.encode(s)) for e, s in table_schemas(table).items()}
-        while len(_CACHE) >= CACHED_TABLES:
-            _CACHE.pop(next(iter(_CACHE)))
-        _CACHE[key] = found
-    return found
+    held = _CACHE.get(name)
+    if held is None or held[0] != key:
+        held = key, {e: msgspec.Raw(msgspec.json.encode(s))
+                     for e, s in table_schemas(table).items()}
+        _CACHE[name] = held
+    return held[1]
 
 
 def event_schemas(tables: list[dict[str, Any]], snapshots: bool = False
                   ) -> list[tuple[str, str, msgspec.Raw]]:
     """(resource, event, encoded schema) of every listed event of api_event_catalog's rows
     (and every table's `<noun>.snapshot` with `snapshots`), by resource and event."""
+    attached = {(t["hook_resource"], t["resource"]) for t in tables}
+    for name in [n for n in _CACHE if n[1] is not None and n not in attached]:
+        del _CACHE[name]
     found = [(t["hook_resource"], event, schema) for t in tables
              for event, schema in encoded(t).items()
              if snapshots or event in t["events"]]

@@ -88,6 +88,8 @@ def test_the_cache_follows_the_catalog() -> None:
     row = table(column("id", "int4", not_null=True))
     first = schemas.encoded(row)
     assert schemas.encoded(dict(row)) is first
+    schemas.event_schemas([])  # detached: dropped from the cache
+    assert schemas.encoded(dict(row)) is not first
     wider = table(column("id", "int4", not_null=True), column("x", "text"))
     assert b'"x"' in bytes(schemas.encoded(wider)["thing.create"])
     assert b'"x"' not in bytes(first["thing.create"])
