@@ -1,5 +1,5 @@
 """The REST API app: its routes under /api/v1 (service.api.webhooks, deliveries,
-lifecycle), health checks, metrics, the OpenAPI document and the dashboard page
+rotation, backfills), health checks, metrics, the OpenAPI document and the dashboard page
 (service.api.dashboard).
 
 `create_app(settings)` builds the Litestar app; its lifespan opens the connection pool
@@ -24,7 +24,7 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 from prometheus_client import CollectorRegistry
 
 from service import __version__
-from service.api import backfills, dashboard, deliveries, event_docs, lifecycle, tracing
+from service.api import backfills, dashboard, deliveries, event_docs, rotation, tracing
 from service.api.apidocs import routes as apidocs
 from service.api.apidocs.routes import LocalSwaggerPlugin
 from service.api.auth import provide_principal
@@ -181,7 +181,7 @@ def create_app(settings: Settings, pool: Pool | None = None,
         path="/api/v1",
         route_handlers=[list_webhooks, create_webhook, get_webhook, update_webhook,
                         delete_webhook, list_hook_events, *deliveries.HANDLERS,
-                        *lifecycle.HANDLERS, *backfills.HANDLERS],
+                        *rotation.HANDLERS, *backfills.HANDLERS],
         dependencies={"principal": Provide(provide_principal)},
         before_request=require_migrated,
         security=[{"BearerToken": []}],

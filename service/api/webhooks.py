@@ -3,8 +3,6 @@ list, create (after the verification handshake), get, activate or deactivate, de
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from typing import Annotated, Any, cast
 from urllib.parse import urlencode
 
@@ -13,12 +11,20 @@ from litestar import MediaType, Request, Response, delete, get, post, put
 from litestar.datastructures import State
 from litestar.di import NamedDependency
 from litestar.params import Parameter
-from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from service import events, filters
+from service import events
 from service.api import schemas
 from service.api.auth import admitted_read, provide_principal
+from service.api.checks import (
+    allowed_target,
+    canonical_events,
+    check_filter_budget,
+    checked_filter,
+    move_target,
+    settle,
+    too_many,
+)
 from service.api.errors import ApiError, error_responses
 from service.api.handshake import HandshakeFailed, new_secret, verify
 from service.api.metrics import ApiMetrics
@@ -49,8 +55,7 @@ from service.api.models import (
 )
 from service.config import Settings
 from service.crypto import SecretBox
-from service.ssrf import TargetRejected, check_target
-from service.store import Session, Store
+from service.store import Store
 from service.tokens import Principal
 
 Pool = AsyncConnectionPool[Any]
@@ -58,7 +63,6 @@ Pool = AsyncConnectionPool[Any]
 StoreDep = NamedDependency[Store]
 PrincipalDep = NamedDependency[Principal]
 ClientDep = NamedDependency[httpx.AsyncClient]
-log = logging.getLogger("webhooks.api")
 SettingsDep = NamedDependency[Settings]
 BoxDep = NamedDependency[SecretBox]
 MetricsDep = NamedDependency[ApiMetrics]
@@ -72,146 +76,6 @@ API_ERRORS = (400, 401, 404, 405, 413, 429, 503)
 
 
 # --- subscriptions ------------------------------------------------------------------
-
-async def _registry(store: Store, resource: str
-                    ) -> tuple[dict[str, bool], str | None, list[str]]:
-    """The resource's events (name -> public), its own noun, and the subscribable resources."""
-    async with store.session() as s:
-        rows = await s.resource_events(resource=resource)
-        if any(public for _, public, _ in rows):
-            return {r[0]: r[1] for r in rows}, rows[0][2], []
-        names = await s.public_resources()
-    return {}, None, [r[0] for r in names]
-
-
-async def _canonical_events(store: Store, resource: str, text: str, max_events: int
-                            ) -> list[str]:
-    """The checked canonical events of a subscription to `resource`; 400 if any is wrong."""
-    registry, own_noun, resources = await _registry(store, resource)
-    if not registry:
-        raise ApiError(400, f"unknown resource {shown(resource)}; resources that can be "
-                            f"subscribed to: {', '.join(resources) or 'none'} "
-                            "(see /api/v1/hook_events)")
-    try:
-        return events.canonicalise(text, own_noun, registry, resource, max_events)
-    except events.EventsError as exc:
-        raise ApiError(400, str(exc)) from None
-
-
-async def _filter(store: Store, resource: str, names: list[str], given: Any
-                  ) -> tuple[Jsonb | None, str | None]:
-    """The checked filter and its compiled path (SPEC section 9); 400 naming what is wrong.
-    A column must be sent by every event of the subscription."""
-    if given is None:
-        return None, None
-    rows = await store.event_columns(resource=resource, events=names)
-    if any(r["columns"] is None for r in rows):
-        raise ApiError(400, "filter: the service's own webhook.* events carry no row to "
-                            "filter on")
-    named = set.intersection(*(set(r["columns"]) for r in rows)) if rows else set()
-    sent = None if any(not r["include_row"] for r in rows) else sorted(named)
-    try:
-        checked = filters.check(given, sent, sorted(named))
-    except filters.FilterError as exc:
-        raise ApiError(400, str(exc)) from None
-    path = filters.compile_path(checked)
-    return (Jsonb(checked), path) if path is not None else (None, None)
-
-
-async def _settle(store: Store, subscription_id: int, settings: Settings) -> None:
-    """Makes a subscription that just became active exact (webhooks.settle_waiting in
-    sql/triggers/capture.sql): waits for the writers whose capture probe ran before it
-    could be seen, then starts it. Each check is one short query, and no connection is
-    held between checks, so activations waiting for a long application transaction leave
-    the pool to everyone else's requests."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + settings.verify_timeout
-    pause = 0.005
-    waiting: list[str] | None = None
-    while True:
-        waiting = await store.settle_waiting(id=subscription_id, among=waiting)
-        if waiting is None:
-            return  # made inactive or deleted meanwhile: nothing to start
-        left = deadline - loop.time()
-        if not waiting or left <= 0:
-            break
-        await asyncio.sleep(min(pause, left))
-        # Short at first (most writers commit within milliseconds), then gentler on
-        # pg_locks while a long transaction stays open.
-        pause = min(pause * 2, 0.1)
-    await store.settle_start(id=subscription_id)
-    if waiting:
-        log.warning("subscription %s: a transaction writing to its resource was still open "
-                    "after %gs; its changes may not reach the new subscription",
-                    subscription_id, settings.verify_timeout)
-
-
-async def _check_target(target: str, settings: Settings) -> None:
-    """400 unless `target` may be a target (scheme, length, SSRF rules), checked within the
-    verify timeout."""
-    try:
-        # The whole check, not only each lookup, is bounded by the verify timeout.
-        async with asyncio.timeout(settings.verify_timeout):
-            await check_target(target, settings.allow_private_targets,
-                               settings.max_target_length,
-                               timeout=min(settings.dns_timeout, settings.verify_timeout),
-                               nameservers=settings.dns_servers or None)
-    except TargetRejected as exc:
-        raise ApiError(400, str(exc)) from None
-    except TimeoutError:
-        raise ApiError(400, f"target host did not resolve within {settings.verify_timeout:g} "
-                            "seconds") from None
-
-
-async def _move_target(store: Store, number: int, target: str, principal: Principal,
-                       settings: Settings, client: httpx.AsyncClient, box: SecretBox,
-                       metrics: ApiMetrics) -> None:
-    """Moves the subscription to `target` once the target has echoed a newly made secret
-    (never the live one: a URL nobody verified yet gets nothing that signs; no connection
-    is held during the handshake). The new secret then signs, and the one it replaces
-    beside it for WEBHOOKS_SECRET_OVERLAP, as after a rotation; 400 and nothing changed
-    when the handshake fails. Nothing to do when `target` is the current one."""
-    current = await store.subscription_target(id=number, owner=principal.owner,
-                                              tenant=principal.tenant)
-    if current is None:
-        raise ApiError(404, f"no webhook with id {number}")
-    if current == target:
-        return
-    await _check_target(target, settings)
-    secret = new_secret()
-    try:
-        await verify(client, target, secret, settings.verify_timeout)
-    except HandshakeFailed as exc:
-        metrics.handshake(exc.outcome)
-        raise ApiError(400, f"target verification failed, the target is unchanged: {exc}"
-                       ) from None
-    metrics.handshake("verified")
-    if not await store.set_subscription_target(id=number, target=target, previous=current,
-                                               secret=box.seal(secret),
-                                               overlap=settings.secret_overlap):
-        raise ApiError(409, f"webhook {number}'s target changed during the handshake; "
-                            "send the request again")
-
-
-async def _check_filter_budget(session: Session, principal: Principal, subscription_id: int,
-                               path: str | None, settings: Settings) -> None:
-    """400 when activating a subscription with filter `path` would take the owner's active
-    filters past WEBHOOKS_MAX_FILTER_BYTES_PER_OWNER."""
-    if path is None:
-        return
-    row = await session.owner_filter_bytes(owner=principal.owner, id=subscription_id,
-                                           filter_path=path)
-    limit = settings.max_filter_bytes_per_owner
-    if row["used"] + row["wanted"] > limit:
-        raise ApiError(400, f"this filter compiles to {row['wanted']} bytes and this owner's "
-                            f"active subscriptions' filters to {row['used']}, over the limit "
-                            f"of {limit} bytes per owner (WEBHOOKS_MAX_FILTER_BYTES_PER_OWNER); "
-                            "pause or delete a filtered subscription, or use a smaller filter")
-
-
-def _too_many(limit: int) -> ApiError:
-    return ApiError(400, f"this owner already has {limit} subscriptions, the most allowed "
-                         "(WEBHOOKS_MAX_SUBSCRIPTIONS_PER_OWNER); delete one first")
 
 
 def app_parts(request: Request[Any, Any, Any]) -> tuple[State, Store, Settings]:
@@ -290,15 +154,15 @@ async def create_webhook(
     if ordering not in ORDERINGS:
         raise ApiError(400, f"field 'ordering' must be one of {', '.join(ORDERINGS)}, not "
                             f"{shown(str(ordering))}")
-    names = await _canonical_events(store, resource, text, settings.max_events_per_subscription)
-    filter_, path = await _filter(store, resource, names, body.get("filter"))
-    await _check_target(target, settings)
+    names = await canonical_events(store, resource, text, settings.max_events_per_subscription)
+    filter_, path = await checked_filter(store, resource, names, body.get("filter"))
+    await allowed_target(target, settings)
     # Checked before the handshake too, so that a full owner does not bother its target.
     limit = settings.max_subscriptions_per_owner
     if await store.count_subscriptions(owner=principal.owner) >= limit:
-        raise _too_many(limit)
+        raise too_many(limit)
     async with store.session() as s:
-        await _check_filter_budget(s, principal, 0, path, settings)
+        await check_filter_budget(s, principal, 0, path, settings)
     # No connection is held here: the handshake may take the whole verify timeout.
     secret = new_secret()
     try:
@@ -309,14 +173,14 @@ async def create_webhook(
     metrics.handshake("verified")
     async with store.transaction() as s:
         await s.lock_owner(owner=principal.owner)
-        await _check_filter_budget(s, principal, 0, path, settings)
+        await check_filter_budget(s, principal, 0, path, settings)
         row = await s.insert_subscription(
             owner=principal.owner, tenant=principal.tenant, resource=resource, events=names,
             target=target, secret=box.seal(secret), max=limit, filter=filter_,
             filter_path=path, ordering=ordering, rate_limit=rate_limit)
     if row is None:
-        raise _too_many(limit)
-    await _settle(store, row["id"], settings)
+        raise too_many(limit)
+    await settle(store, row["id"], settings)
     return Response(row["doc"].encode(), status_code=201, media_type=MediaType.JSON,
                     headers={"Location": f"/api/v1/webhooks/{row['id']}"})
 
@@ -363,7 +227,7 @@ async def update_webhook(
     new_rate = rate_limit_field(body)
     text = events_field(body) if "events" in body else None
     if "target" in body:
-        await _move_target(store, number, string_field(body, "target"), principal, settings,
+        await move_target(store, number, string_field(body, "target"), principal, settings,
                            client, box, metrics)
     async with store.transaction() as s:
         row = await s.lock_subscription(id=number, owner=principal.owner,
@@ -395,13 +259,13 @@ async def update_webhook(
             # The owner's filters are counted under the lock creates take too.
             await s.lock_owner(owner=principal.owner)
             stored = await s.subscription_filter_path(id=number)
-            await _check_filter_budget(s, principal, number, stored, settings)
+            await check_filter_budget(s, principal, number, stored, settings)
         updated = await s.set_subscription_active(id=number, owner=principal.owner,
                                                   tenant=principal.tenant, active=active,
                                                   rate_limit=rate_limit)
     assert updated is not None
     if active and not current.active:
-        await _settle(store, number, settings)
+        await settle(store, number, settings)
     return Response(updated["doc"].encode(), media_type=MediaType.JSON)
 
 

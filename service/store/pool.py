@@ -22,7 +22,7 @@ from service.store.deadline import checked_out, watched
 from service.store.deliveries import DeliveryQueries
 from service.store.errors import StoreUnavailable, translated
 from service.store.fanout import FanoutParams, FanoutQueries
-from service.store.lifecycle import LifecycleQueries
+from service.store.rotation import RotationQueries
 from service.store.status import StatusQueries
 from service.store.tokens import TokenQueries
 from service.store.worker import ClaimParams, ConnectionQueries, WorkerQueries
@@ -31,7 +31,7 @@ Batch = TypeVar("Batch")
 Claimed = TypeVar("Claimed")
 
 
-class Queries(ApiQueries, DeliveryQueries, LifecycleQueries, BackfillQueries, FanoutQueries,
+class Queries(ApiQueries, DeliveryQueries, RotationQueries, BackfillQueries, FanoutQueries,
               WorkerQueries, StatusQueries, TokenQueries):
     """Every area's methods that may run on a connection of their own."""
 

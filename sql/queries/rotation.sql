@@ -1,13 +1,13 @@
--- Queries of the REST API's secret rotation (service/api/lifecycle.py); loaded by
+-- Queries of the REST API's secret rotation (service/api/rotation.py); loaded by
 -- service.db.queries(). Scoped like every subscription query (sql/queries/api.sql).
 
--- name: lifecycle_target --
+-- name: rotation_target --
 SELECT id, target
   FROM webhooks.subscriptions
  WHERE id = %(id)s AND owner = %(owner)s
    AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
 
--- name: lifecycle_rotate --
+-- name: rotation_rotate --
 -- The verified new secret (sealed) replaces the current one, which becomes the previous
 -- secret and keeps signing for %(overlap)s seconds (none when 0). Nothing changes if the
 -- subscription is gone, or its target is no longer the one verified.
