@@ -30,11 +30,6 @@ class StoreRejected(StoreError):
         """Whether the data was at fault (SQLSTATE classes 22 and 54), not the statement."""
         return (self.sqlstate or "")[:2] in ("22", "54")
 
-    @property
-    def timed_out(self) -> bool:
-        """Whether a statement or lock timeout cancelled the statement."""
-        return self.sqlstate in ("57014", "55P03")
-
 
 @contextlib.contextmanager
 def translated() -> Iterator[None]:
