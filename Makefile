@@ -53,7 +53,7 @@ demo: install ## subscribe a local receiver and watch signed deliveries (with `m
 status: install ## what the service is doing, at a glance
 	$(DEVDB) -- $(BIN)/webhooks status
 
-schema-dump: install ## write sql/schema.dump.sql again (after a new migration or a change to sql/)
+schema-dump: install ## write tests/schema.dump.sql again (after a new migration or a change to sql/)
 	$(DEVDB) --shared-ok -- $(BIN)/python -m tests.support.schema
 
 bench: install bench-tools ## the benchmark suite against a private database: one table, bench/results.json
