@@ -3,10 +3,13 @@
 Writers change three attached tables (inserts, updates, deletes, nested rows, bulk
 statements, rolled-back transactions) while two `webhooks worker` processes deliver to
 receivers that fail, hang, throttle or answer 410. Meanwhile workers are killed with
-SIGKILL, Postgres is restarted, and the LISTEN connections are terminated from the server
-side. At the end every committed change must have reached every active, matching
-subscription at least once; nothing rolled back and nothing for an inactive subscription
-may arrive. Runs against its own private cluster (.pgdata-chaos/), which it may restart.
+SIGKILL, Postgres is restarted, the LISTEN connections are terminated from the server
+side, and, twice, every connection the workers hold stops answering (they reach Postgres
+through a TCP proxy, tests/support/proxy.py, that keeps those connections open and
+forwards nothing, while new ones work). At the end every committed change must have
+reached every active, matching subscription at least once; nothing rolled back and
+nothing for an inactive subscription may arrive. Runs against its own private cluster
+(.pgdata-chaos/), which it may restart.
 
     python -m tests.chaos [--seconds 60] [--writers 4] [--short]
 """
@@ -33,6 +36,7 @@ from psycopg import sql
 
 from service import db
 from service.commands import devdb
+from tests.support.proxy import Proxy
 from tests.support.receivers import Received, Receiver
 from tests.support.subscriptions import subscribe
 
@@ -223,9 +227,12 @@ async def resolve_uncertain(url: str, changes: list[Change]) -> list[Change]:
 
 
 def start_worker(url: str) -> subprocess.Popen[bytes]:
-    """A `webhooks worker` process with short timeouts, leases and retries."""
+    """A `webhooks worker` process with short timeouts, leases, retries and database
+    deadlines."""
     env = {**os.environ, "DATABASE_URL": url, "WEBHOOKS_ALLOW_PRIVATE_TARGETS": "true",
            "WEBHOOKS_DELIVERY_TIMEOUT": "1", "WEBHOOKS_LEASE": "4",
+           "WEBHOOKS_WORKER_DB_TIMEOUT": "2", "WEBHOOKS_LISTEN_CHECK_INTERVAL": "2",
+           "WEBHOOKS_DB_CONNECT_TIMEOUT": "2", "WEBHOOKS_DB_TCP_TIMEOUT": "6",
            "WEBHOOKS_POLL_INTERVAL": "1", "WEBHOOKS_RETRY_SCHEDULE": "0.5s,1s,1s,2s,2s,3s,5s,5s",
            "WEBHOOKS_LOG_LEVEL": "WARNING", "WEBHOOKS_SHUTDOWN_GRACE": "2"}
     return subprocess.Popen([sys.executable, "-m", "service", "worker"], env=env,
@@ -268,7 +275,9 @@ async def chaos(seconds: float, writers: int, kills: int, seed: int) -> int:
             subscribe(conn, f"{base}/{name}", events=events, resource=resource, tenant=tenant,
                       active=active, owner="chaos")
 
-    workers = [start_worker(url), start_worker(url)]
+    proxy = Proxy(PORT)
+    through = proxy.url(url)
+    workers = [start_worker(through), start_worker(through)]
     deadline = time.monotonic() + seconds
     writer_objs = [Writer(url, seed + i, deadline) for i in range(writers)]
     writing = [asyncio.create_task(w.run()) for w in writer_objs]
@@ -276,6 +285,7 @@ async def chaos(seconds: float, writers: int, kills: int, seed: int) -> int:
     plan = sorted(rng.uniform(0.1, 0.9) * seconds for _ in range(kills))
     restart_at = seconds * 0.5
     terminate_at = seconds * 0.3
+    hangs = [seconds * 0.2, seconds * 0.7]
     started = time.monotonic()
     done_restart = done_terminate = False
     try:
@@ -286,16 +296,21 @@ async def chaos(seconds: float, writers: int, kills: int, seed: int) -> int:
                 victim = rng.randrange(len(workers))
                 os.killpg(workers[victim].pid, signal.SIGKILL)
                 workers[victim].wait()
-                workers[victim] = start_worker(url)
+                workers[victim] = start_worker(through)
                 faults.append(f"{elapsed:5.1f}s SIGKILL worker {victim}")
             if not done_terminate and elapsed >= terminate_at:
                 done_terminate = True
                 with psycopg.connect(url, autocommit=True) as conn:
                     n = conn.execute("SELECT count(pg_terminate_backend(pid)) "
-                                     "FROM pg_stat_activity WHERE query ILIKE 'LISTEN%'"
-                                     ).fetchone()
+                                     "FROM pg_stat_activity WHERE application_name = "
+                                     "'webhooks-listener'").fetchone()
                 faults.append(f"{elapsed:5.1f}s terminated {n[0] if n else 0} LISTEN "
                               "connection(s)")
+            if hangs and elapsed >= hangs[0]:
+                hangs.pop(0)
+                held = len(proxy.links)
+                proxy.hang()
+                faults.append(f"{elapsed:5.1f}s {held} worker connection(s) stop answering")
             if not done_restart and elapsed >= restart_at:
                 done_restart = True
                 await asyncio.to_thread(devdb.restart, DATADIR, PORT)
@@ -329,6 +344,7 @@ async def chaos(seconds: float, writers: int, kills: int, seed: int) -> int:
             except subprocess.TimeoutExpired:
                 os.killpg(w.pid, signal.SIGKILL)
         await receiver.stop()
+        proxy.close()
 
     with psycopg.connect(url, autocommit=True) as conn:
         gone_active = conn.execute("SELECT active FROM webhooks.subscriptions "
