@@ -104,8 +104,11 @@ function renderSubscriptions() {
       button("Rotate secret", () => run(() => rotate(sub))),
       button("Delete", () => run(() => remove(sub)), "danger"),
     ));
+    const target = targetCell(sub.target);
+    // A rate limit (POSTs per second, across every worker) is shown under its target.
+    if (sub.rate_limit) target.append(el("div", { class: "muted rate-limit", text: `at most ${sub.rate_limit} per second` }));
     const row = el("tr", { attrs: { "data-subscription": sub.id } },
-      cell(sub.id), cell(sub.resource), breakableCell(sub.events, ",", "events"), targetCell(sub.target),
+      cell(sub.id), cell(sub.resource), breakableCell(sub.events, ",", "events"), target,
       cell(sub.active ? "yes" : "no"), marks(sub), cell(sub.last_status),
       timeCell(sub.last_success_at), failure, actions);
     if (state.log && state.log.id === sub.id) row.classList.add("selected");
@@ -209,14 +212,19 @@ async function createSubscription() {
   const resource = $("create-resource").value;
   const events = [...$("create-events").querySelectorAll("input:checked")].map((i) => i.value);
   const target = $("create-target").value.trim();
+  const rate = $("create-rate").value.trim();
   if (!resource) return createError("Choose a resource.");
   if (!events.length) return createError("Choose at least one event.");
   if (!target) return createError("Write the target URL.");
+  if (rate && !/^[0-9]+$/.test(rate)) return createError("The rate limit is a whole number of POSTs per second (1 to 10000), or empty for none.");
   const submit = $("create").querySelector("button[type=submit]");
   submit.disabled = true;
   try {
-    const { data } = await call("POST", "/webhooks/", { resource, events, target });
+    const body = { resource, events, target };
+    if (rate) body.rate_limit = Number(rate);
+    const { data } = await call("POST", "/webhooks/", body);
     $("create-target").value = "";
+    $("create-rate").value = "";
     for (const input of $("create-events").querySelectorAll("input")) input.checked = false;
     notify(`Subscription ${data.id} created: the target answered the handshake.`);
     await loadSubscriptions();
