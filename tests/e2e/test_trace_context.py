@@ -196,7 +196,9 @@ async def test_spans_are_exported_over_otlp(db_url: str, conn: psycopg.Connectio
                 def exported() -> bool:
                     return (len(collector.find(lambda s, span: span.name == "POST")) >= 2
                             and bool(collector.find(
-                                lambda s, span: span.kind == Span.SPAN_KIND_CONSUMER)))
+                                lambda s, span: span.kind == Span.SPAN_KIND_CONSUMER))
+                            and bool(collector.find(
+                                lambda s, span: span.kind == Span.SPAN_KIND_SERVER)))
                 while not exported():
                     assert time.monotonic() < deadline + 30, collector.spans
                     await asyncio.sleep(0.1)
@@ -222,6 +224,11 @@ async def test_spans_are_exported_over_otlp(db_url: str, conn: psycopg.Connectio
     assert {s for s, _ in collector.spans} == {"webhooks-test"}
     consumer = collector.find(lambda s, span: span.kind == Span.SPAN_KIND_CONSUMER)[0]
     assert attributes(consumer)["messaging.operation.type"] == "process"
+    # The API's requests, through Litestar's OpenTelemetry integration.
+    served = collector.find(lambda s, span: span.kind == Span.SPAN_KIND_SERVER)
+    assert any("/healthz" in span.name or attributes(span).get("url.path") == "/healthz"
+               or attributes(span).get("http.target") == "/healthz" for span in served), \
+        [(span.name, attributes(span)) for span in served]
 
 
 def test_without_opentelemetry_nothing_of_it_is_imported(db_url: str) -> None:
