@@ -64,7 +64,7 @@ async def _fetch_all(conn: psycopg.AsyncConnection[Any], name: str, params: Para
 DEFAULT_TIMEOUT = 10.0
 
 _WRITES = re.compile(r"\b(insert|update|delete|merge|nextval|setval|set_config|pg_notify|"
-                     r"pg_advisory\w*|pg_terminate_backend|pg_cancel_backend|lock)\b"
+                     r"pg_\w*advisory\w*|pg_terminate_backend|pg_cancel_backend|lock)\b"
                      r"|\bwebhooks\.\w+\s*\(", re.IGNORECASE)
 
 
