@@ -159,6 +159,27 @@ def pem_file(name: str, value: str) -> str:
     return value
 
 
+def proxy_url(name: str, value: str) -> str:
+    """An http:// proxy URL, `http://[user:password@]host[:port]`; its password is masked in
+    every message from now on. Errors never repeat the value (it may hold the password)."""
+    from urllib.parse import urlsplit
+
+    from service.logs import protect_url
+
+    protect_url(value)
+    try:
+        parts = urlsplit(value.strip())
+        parts.port  # noqa: B018 (raises ValueError for a port that is not one)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme != "http" or not parts.hostname \
+            or parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ConfigError(f"{name} must be an http:// proxy URL such as "
+                          "http://user:password@proxy.example:3128 (CONNECT is used for "
+                          "http and https targets alike)")
+    return value.strip()
+
+
 def fernet_keys(name: str, value: str) -> str:
     """One or more comma-separated Fernet keys, checked by building the SecretBox."""
     from service.crypto import SecretBox
@@ -234,6 +255,10 @@ class Settings:
     # CA certificates trusted for https targets besides the system's (deliveries and
     # verification handshakes).
     ca_bundle: str | None = setting("WEBHOOKS_CA_BUNDLE", pem_file, None)
+    # An HTTP proxy every delivery and verification handshake goes through, by CONNECT to
+    # the address the SSRF guard checked (docs/deliveries.md, "Through a proxy").
+    delivery_proxy: str | None = field(default=None, repr=False, metadata={
+        "env": "WEBHOOKS_DELIVERY_PROXY", "parse": proxy_url})
     poll_interval: float = setting("WEBHOOKS_POLL_INTERVAL", number(0.01), 5.0)
     lease: float = setting("WEBHOOKS_LEASE", number(1.0), 60.0)
     batch_size: int = setting("WEBHOOKS_BATCH_SIZE", whole, 100)
@@ -294,6 +319,10 @@ class Settings:
     liveness_timeout: float = setting("WEBHOOKS_LIVENESS_TIMEOUT", positive_duration, 120.0)
 
     def __post_init__(self) -> None:
+        if self.delivery_proxy is not None:
+            from service.logs import protect_url
+
+            protect_url(self.delivery_proxy)  # its password in no log line or message
         if self.concurrency == 0:
             object.__setattr__(self, "concurrency", ceiling_for(self.memory_budget))
 

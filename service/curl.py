@@ -8,8 +8,12 @@ CPU per delivery. What the worker promises about hostile targets holds here too:
   WEBHOOKS_DNS_TIMEOUT, every address of the answer checked) and handed to libcurl
   (CURLOPT_RESOLVE), so libcurl never looks a name up itself; and every socket it opens
   is checked again, address by address, before it exists (CURLOPT_OPENSOCKETFUNCTION).
-- Only http and https, no proxy (not even from the environment), no redirects followed,
-  no cookies kept, no compression asked for or undone, HTTP/1.1 only.
+- Only http and https, no proxy from the environment, no redirects followed, no cookies
+  kept, no compression asked for or undone, HTTP/1.1 only.
+- With a delivery proxy (WEBHOOKS_DELIVERY_PROXY), every transfer goes through it by
+  CONNECT, for http and https alike, to the address the guard checked (CURLOPT_CONNECT_TO:
+  the proxy's own name lookup is never used); the host name still goes in Host and TLS
+  SNI. The proxy's own address is the operator's: the socket to it is not checked.
 - Of an answer, the status line, at most MAX_HEADER_BYTES of headers (more ends the
   attempt) and the first BODY_LIMIT bytes of the body are read; the rest is not.
 
@@ -59,8 +63,8 @@ class AttemptError(Exception):
 class _Transfer:
     """One POST under way: what its callbacks collected."""
 
-    __slots__ = ("body", "future", "header_bytes", "host", "limit", "refused", "retry_after",
-                 "too_large", "where")
+    __slots__ = ("body", "future", "header_bytes", "headers", "host", "limit", "refused",
+                 "retry_after", "too_large", "where")
 
     def __init__(self, future: asyncio.Future[int], host: str, port: int, limit: int) -> None:
         self.future = future
@@ -72,6 +76,7 @@ class _Transfer:
         self.retry_after: str | None = None
         self.refused: str | None = None  # why a socket was refused
         self.too_large = False
+        self.headers: list[bytes] | None = None  # every header line, when asked for
 
     def header(self, line: bytes) -> int | None:
         self.header_bytes += len(line)
@@ -83,6 +88,10 @@ class _Transfer:
         elif line.startswith(b"HTTP/"):
             # A new answer (after a 1xx): its own headers only.
             self.retry_after = None
+            if self.headers is not None:
+                self.headers.clear()
+        if self.headers is not None:
+            self.headers.append(line)
         return None
 
     def write(self, data: bytes) -> int | None:
@@ -199,9 +208,12 @@ class CurlClient:
     def __init__(self, *, allow_private: bool, max_connections: int = 100,
                  dns_timeout: float = DNS_TIMEOUT, dns_servers: Sequence[str] = (),
                  connect_timeout: float = 30.0, body_limit: int = 1024,
-                 watch_with_epoll: bool = True, ca_bundle: str | None = None) -> None:
+                 watch_with_epoll: bool = True, ca_bundle: str | None = None,
+                 proxy: str | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         self._allow_private = allow_private
+        self.allow_private = allow_private  # the targets' rule, whatever the proxy's
+        self._proxy = proxy
         self._resolver = GuardedResolver(allow_private, timeout=dns_timeout,
                                          nameservers=dns_servers)
         self._connect_ms = max(1, int(connect_timeout * 1000))
@@ -229,7 +241,8 @@ class CurlClient:
         self._closed = False
 
     async def post(self, url: str, host: str, port: int, body: bytes,
-                   headers: Sequence[str], timeout: float) -> tuple[int, str | None, bytes]:
+                   headers: Sequence[str], timeout: float,
+                   keep_headers: list[bytes] | None = None) -> tuple[int, str | None, bytes]:
         """One POST of `body` to `url` (whose host and port are given, already checked if an
         IP literal), within `timeout` seconds: (status, Retry-After, the first body bytes).
 
@@ -239,13 +252,18 @@ class CurlClient:
         resolve = await self._resolve(host, port)
         handle = self._free.pop() if self._free else self._new_handle()
         transfer = _Transfer(self._loop.create_future(), host, port, self._body_limit)
+        transfer.headers = keep_headers
         curl = handle.curl
         if handle.url != url:
             curl.setopt(pycurl.URL, url)
             handle.url = url
-        # Given with every request: libcurl loads it into its DNS cache when the transfer
-        # starts, so it never looks the name up itself.
-        curl.setopt(pycurl.RESOLVE, resolve)
+        if self._proxy is None:
+            # Given with every request: libcurl loads it into its DNS cache when the
+            # transfer starts, so it never looks the name up itself.
+            curl.setopt(pycurl.RESOLVE, resolve)
+        else:
+            # Through the proxy: CONNECT to the first checked address, never to the name.
+            curl.setopt(pycurl.CONNECT_TO, _connect_to(host, port, resolve))
         curl.setopt(pycurl.HTTPHEADER, [*BASE_HEADERS, *headers])
         curl.setopt(pycurl.POSTFIELDS, body)
         timeout_ms = max(1, int(timeout * 1000))
@@ -274,6 +292,21 @@ class CurlClient:
             else:
                 curl.close()
         return status, transfer.retry_after, bytes(transfer.body)
+
+    async def exchange(self, url: str, host: str, port: int, body: bytes,
+                       headers: Sequence[str], timeout: float
+                       ) -> tuple[int, list[tuple[str, str]], bytes]:
+        """As post(), for the verification handshake: (status, the answer's headers as
+        (lowercase name, value) pairs, the first body bytes)."""
+        kept: list[bytes] = []
+        status, _, answer = await self.post(url, host, port, body, headers, timeout,
+                                            keep_headers=kept)
+        pairs = []
+        for line in kept:
+            name, colon, value = line.decode("latin-1").partition(":")
+            if colon:
+                pairs.append((name.strip().lower(), value.strip()))
+        return status, pairs, answer
 
     async def close(self) -> None:
         """Ends every transfer and connection; the client cannot be used after."""
@@ -323,7 +356,15 @@ class CurlClient:
         if self._ca is not None:
             handle.setopt(pycurl.CAINFO, self._ca)
         handle.setopt(pycurl.SHARE, self._share)
-        return _Handle(handle, self._allow_private)
+        if self._proxy is not None:
+            handle.setopt(pycurl.PROXY, self._proxy)
+            handle.setopt(pycurl.PROXYTYPE, pycurl.PROXYTYPE_HTTP)
+            handle.setopt(pycurl.HTTPPROXYTUNNEL, 1)
+            handle.setopt(pycurl.NOPROXY, "")
+            # The proxy's answer to CONNECT reaches the header callback first; the target's
+            # own status line starts its answer over (_Transfer.header).
+        # Every socket goes to the proxy when there is one: the operator's address.
+        return _Handle(handle, self._allow_private or self._proxy is not None)
 
     async def _resolve(self, host: str, port: int) -> list[str]:
         """The CURLOPT_RESOLVE entry that pins `host:port` to its checked addresses (none for
@@ -432,8 +473,25 @@ class CurlClient:
         status = int(curl.getinfo(pycurl.RESPONSE_CODE) or 0)
         if code is None or (code in _BODY_ERRORS and status and not transfer.too_large):
             transfer.future.set_result(status)
+        elif self._proxy is not None and int(curl.getinfo(pycurl.HTTP_CONNECTCODE) or 200
+                                             ) != 200:
+            # The proxy refused the tunnel (407, 502, ...): its answer is the record's.
+            transfer.future.set_exception(AttemptError(
+                f"the delivery proxy answered HTTP {curl.getinfo(pycurl.HTTP_CONNECTCODE)} "
+                f"to CONNECT for {transfer.where}: {message}"))
         else:
             transfer.future.set_exception(_error(transfer, code, message))
+
+
+def _connect_to(host: str, port: int, resolve: list[str]) -> list[str]:
+    """The CURLOPT_CONNECT_TO entry that sends `host:port` to one of its checked addresses
+    (from the CURLOPT_RESOLVE entry `+host:port:addr,...`), IPv4 first (a proxy tries the
+    one address it is given); none for an IP literal, which was checked before."""
+    if not resolve:
+        return []
+    addresses = resolve[0].split(f"{host}:{port}:", 1)[1].split(",")
+    chosen = next((a for a in addresses if not a.startswith("[")), addresses[0])
+    return [f"{host}:{port}:{chosen}:{port}"]
 
 
 def _error(transfer: _Transfer, code: int, message: str) -> Exception:

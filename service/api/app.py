@@ -15,7 +15,6 @@ import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-import httpx
 from litestar import Litestar, Response, Router, get
 from litestar.datastructures import State
 from litestar.di import Provide
@@ -33,6 +32,7 @@ from service.api.errors import (
     NOT_MIGRATED,
     error_responses,
 )
+from service.api.handshake import BODY_LIMIT, Outbound
 from service.api.head import head_as_get
 from service.api.metrics import ApiMetrics, MetricsController, request_metrics
 from service.api.models import (
@@ -51,6 +51,7 @@ from service.api.webhooks import (
 )
 from service.config import Settings
 from service.crypto import SecretBox
+from service.curl import CurlClient
 from service.http import make_client
 from service.logs import protect_url
 from service.store import Store, StoreError, budget, make_pool
@@ -64,10 +65,10 @@ def provide_store(state: State) -> Store:
     return store
 
 
-def provide_client(state: State) -> httpx.AsyncClient:
+def provide_client(state: State) -> Outbound:
     """The app's outbound HTTP client (handshakes)."""
-    client: httpx.AsyncClient = state.client
-    return client
+    outbound: Outbound = state.outbound
+    return outbound
 
 
 def provide_settings(state: State) -> Settings:
@@ -174,7 +175,18 @@ def create_app(settings: Settings, pool: Pool | None = None,
                                  dns_servers=settings.dns_servers,
                                  ca_bundle=settings.ca_bundle)
             stack.push_async_callback(client.aclose)
-            app.state.client = client
+            app.state.outbound = Outbound(client)
+            if settings.delivery_proxy is not None:
+                # Handshakes go through the delivery proxy, as deliveries do.
+                proxied = CurlClient(allow_private=settings.allow_private_targets,
+                                     dns_timeout=min(settings.dns_timeout,
+                                                     settings.verify_timeout),
+                                     dns_servers=settings.dns_servers,
+                                     connect_timeout=settings.verify_timeout,
+                                     body_limit=BODY_LIMIT, ca_bundle=settings.ca_bundle,
+                                     proxy=settings.delivery_proxy)
+                stack.push_async_callback(proxied.close)
+                app.state.outbound = Outbound(proxied)
             yield
 
     api = Router(

@@ -9,12 +9,11 @@ import asyncio
 import logging
 from typing import Any
 
-import httpx
 from psycopg.types.json import Jsonb
 
 from service import events, filters
 from service.api.errors import ApiError
-from service.api.handshake import HandshakeFailed, new_secret, verify
+from service.api.handshake import HandshakeFailed, Outbound, new_secret, verify
 from service.api.metrics import ApiMetrics
 from service.api.models import shown
 from service.config import Settings
@@ -117,7 +116,7 @@ async def allowed_target(target: str, settings: Settings) -> None:
 
 
 async def move_target(store: Store, number: int, target: str, principal: Principal,
-                       settings: Settings, client: httpx.AsyncClient, box: SecretBox,
+                       settings: Settings, client: Outbound, box: SecretBox,
                        metrics: ApiMetrics) -> None:
     """Moves the subscription to `target` once the target has echoed a newly made secret
     (never the live one: a URL nobody verified yet gets nothing that signs; no connection

@@ -13,9 +13,23 @@ import hmac
 import secrets
 
 import httpx
+from yarl import URL
 
-from service.http import read_limited
+from service.curl import AttemptError, CurlClient
+from service.http import check_literal, read_limited
 from service.outcomes import Answer, classify
+from service.ssrf import TargetRejected
+
+
+class Outbound:
+    """The API's outbound client, as the routes get it: httpx, or libcurl when a delivery
+    proxy is set (handshakes then go through the proxy by CONNECT, as deliveries do). One
+    class, so that dependency injection can name it."""
+
+    __slots__ = ("client",)
+
+    def __init__(self, client: httpx.AsyncClient | CurlClient) -> None:
+        self.client = client
 
 SECRET_PREFIX = "whsec_"
 HEADER = "X-Hook-Secret"
@@ -63,12 +77,17 @@ def _outcome(status: int, echoed: list[str], location: str | None, secret: str) 
     return None
 
 
-async def verify(client: httpx.AsyncClient, target: str, secret: str, timeout: float) -> None:
+async def verify(client: Outbound | httpx.AsyncClient | CurlClient, target: str, secret: str,
+                 timeout: float) -> None:
     """Runs the handshake against `target`; raises HandshakeFailed unless it passes.
 
     The whole exchange is bounded by `timeout` seconds; redirects are not followed (the
     client never follows them) and at most BODY_LIMIT bytes of the answer are read.
     """
+    if isinstance(client, Outbound):
+        client = client.client
+    if isinstance(client, CurlClient):
+        return await _verify_through_proxy(client, target, secret, timeout)
     outcome = "refused"
     try:
         async with asyncio.timeout(timeout):
@@ -94,3 +113,35 @@ async def verify(client: httpx.AsyncClient, target: str, secret: str, timeout: f
     if reason is not None:
         # Transport messages come from libraries; make sure none carries the secret.
         raise HandshakeFailed(reason.replace(secret, "***"), outcome)
+
+
+async def _verify_through_proxy(client: CurlClient, target: str, secret: str,
+                                timeout: float) -> None:
+    """The handshake through the delivery proxy (service.curl: CONNECT to the address the
+    guard checked); the same answers pass and fail."""
+    outcome = "refused"
+    reason: str | None
+    try:
+        url = URL(target)
+        check_literal(url.host, client.allow_private)
+        async with asyncio.timeout(timeout):
+            status, headers, _ = await client.exchange(
+                str(url), url.raw_host or "", url.port or 0, b"{}",
+                # Names as httpx sends them (lowercase): a receiver may look them up so.
+                ["content-type: application/json", f"{HEADER.lower()}: {secret}"], timeout)
+        echoed = [value for name, value in headers if name == HEADER.lower()]
+        location = next((value for name, value in headers if name == "location"), None)
+        reason = _outcome(status, echoed, location, secret)
+    except TimeoutError:
+        outcome = "timeout"
+        reason = (f"the target did not answer the verification request within {timeout:g} "
+                  "seconds (WEBHOOKS_VERIFY_TIMEOUT)")
+    except (AttemptError, TargetRejected) as exc:
+        outcome = "unreachable"
+        reason = f"the verification request could not reach the target: {exc}"
+    except ValueError as exc:
+        outcome = "unreachable"
+        reason = f"target is not a valid URL: {exc}"
+    if reason is not None:
+        raise HandshakeFailed(reason.replace(secret, "***"), outcome)
+

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, cast
 
-import httpx
 from litestar import MediaType, Response, post
 from litestar.di import NamedDependency
 from litestar.params import Parameter
 
 from service.api.errors import ApiError, error_responses
-from service.api.handshake import HandshakeFailed, new_secret, verify
+from service.api.handshake import HandshakeFailed, Outbound, new_secret, verify
 from service.api.metrics import ApiMetrics
 from service.api.models import Subscription, parse_id, shown
 from service.config import Settings
@@ -28,7 +27,7 @@ from service.tokens import Principal
 # Filled by the app's dependency injection (service/api/app.py).
 StoreDep = NamedDependency[Store]
 PrincipalDep = NamedDependency[Principal]
-ClientDep = NamedDependency[httpx.AsyncClient]
+ClientDep = NamedDependency[Outbound]
 SettingsDep = NamedDependency[Settings]
 BoxDep = NamedDependency[SecretBox]
 MetricsDep = NamedDependency[ApiMetrics]

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Annotated, Any, cast
 from urllib.parse import urlencode
 
-import httpx
 from litestar import MediaType, Request, Response, delete, get, post, put
 from litestar.datastructures import State
 from litestar.di import NamedDependency
@@ -26,7 +25,7 @@ from service.api.checks import (
     too_many,
 )
 from service.api.errors import ApiError, error_responses
-from service.api.handshake import HandshakeFailed, new_secret, verify
+from service.api.handshake import HandshakeFailed, Outbound, new_secret, verify
 from service.api.metrics import ApiMetrics
 from service.api.models import (
     CREATE_FIELDS,
@@ -62,7 +61,7 @@ Pool = AsyncConnectionPool[Any]
 # Parameters filled by dependency injection (providers in create_app).
 StoreDep = NamedDependency[Store]
 PrincipalDep = NamedDependency[Principal]
-ClientDep = NamedDependency[httpx.AsyncClient]
+ClientDep = NamedDependency[Outbound]
 SettingsDep = NamedDependency[Settings]
 BoxDep = NamedDependency[SecretBox]
 MetricsDep = NamedDependency[ApiMetrics]

@@ -578,7 +578,8 @@ async def open_worker(settings: Settings, *, concurrency: int,
                              dns_timeout=settings.dns_timeout,
                              dns_servers=settings.dns_servers,
                              connect_timeout=settings.delivery_timeout,
-                             body_limit=delivery.BODY_LIMIT, ca_bundle=settings.ca_bundle)
+                             body_limit=delivery.BODY_LIMIT, ca_bundle=settings.ca_bundle,
+                             proxy=settings.delivery_proxy)
         stack.push_async_callback(session.close)
         # Each checkout and statement of the loop, the recorder and the fan-out ends within
         # WEBHOOKS_WORKER_DB_TIMEOUT (retention's, the vacuum's and the backfills' have
