@@ -14,6 +14,8 @@ answered at once while the worker drained, and the worker's peak RSS.
 from __future__ import annotations
 
 import json
+import os
+import sys
 import urllib.request
 from typing import Any
 
@@ -62,15 +64,20 @@ def _urls(port: int, group: str, n: int) -> list[str]:
     return [f"http://127.0.1.{1 + i % HOSTS}:{port}/{group}/{i}" for i in range(n)]
 
 
-def drain(port: int, group: str, expected: int, timeout: float, tls: bool = False
-           ) -> tuple[int, float]:
-    """Waits for `expected` receipts of `group`: (count, receipts/s first to last)."""
+def drain(port: int, group: str, expected: int, timeout: float, tls: bool = False,
+          in_flight: list[tuple[float, int]] | None = None) -> tuple[int, float]:
+    """Waits for `expected` receipts of `group`: (count, receipts/s first to last). With
+    `in_flight`, appends (seconds since the start, requests being answered) at each look."""
     import time
 
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
     last, changed = -1, time.monotonic()
     g: dict[str, float] = {}
     while time.monotonic() < deadline:
+        if in_flight is not None:
+            now = int(get_stats(port, "/stats/inflight", tls=tls)["now"])
+            in_flight.append((time.monotonic() - start, now))
         g = get_stats(port, "/stats", tls=tls).get(group, {})
         count = int(g.get("count", 0))
         if count >= expected:
@@ -94,7 +101,11 @@ def scenario(ctx: Context) -> list[Result]:
     port = read_port(receiver.popen.stdout)
     results: list[Result] = []
     try:
+        # BENCH_SLOW_MS=1000 runs that case alone.
+        only = os.environ.get("BENCH_SLOW_MS", "")
         for ms, in_flight, total, quick_total in CASES:
+            if only and str(ms) not in only.split(","):
+                continue
             results += _case(ctx, port, ms, in_flight, quick_total if ctx.quick else total)
     finally:
         ctx.procs.stop(receiver)
@@ -117,17 +128,26 @@ def _case(ctx: Context, port: int, ms: int, in_flight: int, total: int) -> list[
         for o in range(OWNERS):
             subscribe(conn, table, targets[o::OWNERS], owner=f"owner{o}")
         get_stats(port, "/reset", method="POST")
-        with ctx.worker() as worker:
+        # BENCH_SLOW_DEBUG=1: the worker logs at DEBUG (its capacity's every change).
+        debug = {"WEBHOOKS_LOG_LEVEL": "DEBUG"} if os.environ.get("BENCH_SLOW_DEBUG") else {}
+        with ctx.worker(**debug) as worker:
             mark = ctx.cpu_mark(worker)
             insert_rows(conn, table, rows)
-            count, rate = drain(port, group, rows * SUBSCRIPTIONS, 300)
+            series: list[tuple[float, int]] = []
+            count, rate = drain(port, group, rows * SUBSCRIPTIONS, 300, in_flight=series)
+            if debug:
+                print("in flight:", " ".join(f"{t:.1f}s:{n}" for t, n in series[::5]),
+                      file=sys.stderr)
             cpu = ctx.cpu_note(worker, mark, count)
             most = int(get_stats(port, "/stats/inflight")["most"])
             rss = ctx.rss_mb(worker)
     name = f"slow_targets: {ms} ms answers, deliveries/s"
+    # How soon the worker's capacity (and the targets' windows) reached most of the peak.
+    reached = next((t for t, n in series if n >= 0.9 * most), None)
+    ramp = "" if reached is None else f" (90% of it {reached:.1f}s after the commit)"
     notes = (f"{count:,} deliveries of about {BODY_BYTES // 1024} KiB ({rows} rows x "
              f"{SUBSCRIPTIONS} subscriptions of {OWNERS} owners on {HOSTS} hosts), default "
-             f"settings, first→last receipt; peak in flight {most:,}; worker peak RSS "
+             f"settings, first→last receipt; peak in flight {most:,}{ramp}; worker peak RSS "
              f"{rss or 0:.0f} MB; {cpu}; limit = raw aiohttp (uvloop) with {in_flight:,} "
              f"in flight over the same hosts ({raw['cpu_us']:.0f} us CPU/request)")
     return [

@@ -4,9 +4,10 @@ A fixed count bounds slow targets, not the machine: 64 in flight to targets that
 200 ms make at most 320 deliveries/s (Little's law), whatever the process could do. So the
 capacity starts at FLOOR (or the ceiling, when lower) and, every TICK seconds:
 
-- grows by half (at least GROW_MIN) when the worker's slots were all in use during the
+- doubles (grows by at least GROW_MIN) when the worker's slots were all in use during the
   tick (demand for more) and the process has CPU to spare (its CPU time over the tick's
-  wall time below CPU_GROW, and the event loop late by less than LAG_GROW), memory (its
+  wall time below CPU_GROW, and the event loop late by less than LAG_GROW, averaged over
+  a few ticks), memory (its
   RSS, plus DELIVERY_BYTES for each slot added, within WEBHOOKS_MEMORY_BUDGET) and file
   descriptors (one socket per delivery in flight, within the soft RLIMIT_NOFILE less
   RESERVED_FDS);
@@ -38,16 +39,18 @@ log = logging.getLogger("webhooks.worker")
 FLOOR = 64
 # Seconds between decisions.
 TICK = 0.25
-# Growth per tick: by half, at least GROW_MIN slots. Shrinking: by SHRINK.
-GROW = 1.5
+# Growth per tick: doubling, at least GROW_MIN slots. Shrinking: by SHRINK.
+GROW = 2.0
 GROW_MIN = 16
 SHRINK = 0.8
 # CPU is spare below CPU_GROW of a core and the loop's lateness below LAG_GROW; pressure
 # at CPU_HIGH or LAG_HIGH (one worker process uses one core at most).
 CPU_GROW = 0.7
 CPU_HIGH = 0.9
-LAG_GROW = 0.02
+LAG_GROW = 0.03
 LAG_HIGH = 0.1
+# The lateness is averaged over about 1 / LAG_WEIGHT ticks.
+LAG_WEIGHT = 0.3
 # Descriptors kept for what is not a delivery (pools, LISTEN, name lookups, logs).
 RESERVED_FDS = 128
 # The most the soft limit is raised to when the hard one is unlimited.
@@ -184,17 +187,23 @@ class CapacityLoop:
     async def run(self) -> None:
         """Decides every TICK until cancelled."""
         loop = asyncio.get_running_loop()
+        lag = 0.0
         while True:
             started, cpu = loop.time(), time.process_time()
             await asyncio.sleep(TICK)
             now = loop.time()
             peak, owners_held = self._sample()
             elapsed = max(now - started, 1e-6)
+            # Smoothed: the answers of slow targets come in bursts (a second's worth at
+            # once), each a spike of lateness that is no shortage of CPU.
+            lag += LAG_WEIGHT * (max(0.0, elapsed - TICK) - lag)
             sample = Sample(cpu=(time.process_time() - cpu) / elapsed,
-                            lag=max(0.0, elapsed - TICK), rss=rss_bytes(), peak=peak,
+                            lag=lag, rss=rss_bytes(), peak=peak,
                             owners_held=owners_held)
             before = self.capacity.limit
             after = self.capacity.decide(sample)
             if after != before:
-                log.debug("capacity %d -> %d (%s)", before, after, self.capacity.bound)
+                log.debug("capacity %d -> %d (%s; CPU %.2f, loop %.3f s late, peak %d)",
+                          before, after, self.capacity.bound, sample.cpu, sample.lag,
+                          sample.peak)
             self._apply(self.capacity.limit, self.capacity.bound)

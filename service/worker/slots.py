@@ -256,6 +256,9 @@ class Slots:
                 return
             slow_ms = self._slow_after(subscription_id) * 1000.0
             window = self._window(subscription_id)
+            if window.before_slow is not None:
+                window.answered_after_slow()
+                self._note_size(subscription_id, window)
             if window.fast(duration_ms, slow_ms):
                 # A quick answer for a target slower than the slow mark (SLOW_FACTOR) grows
                 # its window by about one per window of answers, never as a fast one does,
@@ -315,7 +318,7 @@ class Slots:
                     and now - started > self._slow_after(sid)):
                 self.degraded.add(sid)
                 window = self._window(sid)
-                window.shrink()
+                window.slow_mark()
                 self._note_size(sid, window)
         if now - self._forgot_at > FORGET_AFTER / 4:
             self._forgot_at = now

@@ -42,7 +42,7 @@ def test_starts_at_the_floor_and_grows_while_every_slot_is_used() -> None:
     sizes = []
     for _ in range(20):
         sizes.append(c.decide(calm(peak=c.limit)))
-    assert sizes[:3] == [96, 144, 216]  # by half per tick
+    assert sizes[:3] == [128, 256, 512]  # doubling per tick
     assert sizes[-1] == 4096 and c.bound == "ceiling"  # up to the ceiling, never past it
 
 
@@ -54,7 +54,7 @@ def test_does_not_grow_without_demand_and_says_who_holds_it() -> None:
 
 def test_cpu_pressure_stops_growth_and_shrinks_to_no_less_than_the_floor() -> None:
     c = capacity()
-    for _ in range(6):
+    for _ in range(3):
         c.decide(calm(peak=c.limit))
     grown = c.limit
     assert c.decide(calm(peak=c.limit, cpu=CPU_GROW + 0.05)) == grown and c.bound == "cpu"
