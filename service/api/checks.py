@@ -115,6 +115,21 @@ async def allowed_target(target: str, settings: Settings) -> None:
                             "seconds") from None
 
 
+async def verified_secret(client: Outbound, target: str, settings: Settings,
+                          metrics: ApiMetrics, refused: str) -> str:
+    """A newly made secret that `target` has echoed in the verification handshake (no
+    connection is held meanwhile: it may take the whole verify timeout); 400 starting
+    with `refused` and saying what the target did, when it has not."""
+    secret = new_secret()
+    try:
+        await verify(client, target, secret, settings.verify_timeout)
+    except HandshakeFailed as exc:
+        metrics.handshake(exc.outcome)
+        raise ApiError(400, f"{refused}: {exc}") from None
+    metrics.handshake("verified")
+    return secret
+
+
 async def move_target(store: Store, number: int, target: str, principal: Principal,
                        settings: Settings, client: Outbound, box: SecretBox,
                        metrics: ApiMetrics) -> None:
@@ -130,14 +145,8 @@ async def move_target(store: Store, number: int, target: str, principal: Princip
     if current == target:
         return
     await allowed_target(target, settings)
-    secret = new_secret()
-    try:
-        await verify(client, target, secret, settings.verify_timeout)
-    except HandshakeFailed as exc:
-        metrics.handshake(exc.outcome)
-        raise ApiError(400, f"target verification failed, the target is unchanged: {exc}"
-                       ) from None
-    metrics.handshake("verified")
+    secret = await verified_secret(client, target, settings, metrics,
+                                   "target verification failed, the target is unchanged")
     if not await store.set_subscription_target(id=number, target=target, previous=current,
                                                secret=box.seal(secret),
                                                overlap=settings.secret_overlap):

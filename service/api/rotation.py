@@ -15,8 +15,9 @@ from litestar import MediaType, Response, post
 from litestar.di import NamedDependency
 from litestar.params import Parameter
 
+from service.api.checks import verified_secret
 from service.api.errors import ApiError, error_responses
-from service.api.handshake import HandshakeFailed, Outbound, new_secret, verify
+from service.api.handshake import Outbound
 from service.api.metrics import ApiMetrics
 from service.api.models import Subscription, parse_id, shown
 from service.config import Settings
@@ -62,15 +63,9 @@ async def rotate_secret(
                                          tenant=principal.tenant)
     if target is None:
         raise ApiError(404, f"no webhook with id {number}")
-    # No connection is held here: the handshake may take the whole verify timeout.
-    secret = new_secret()
-    try:
-        await verify(client, target, secret, settings.verify_timeout)
-    except HandshakeFailed as exc:
-        metrics.handshake(exc.outcome)
-        raise ApiError(400, f"target verification of the new secret failed, the secret is "
-                            f"unchanged: {exc}") from None
-    metrics.handshake("verified")
+    secret = await verified_secret(
+        client, target, settings, metrics,
+        "target verification of the new secret failed, the secret is unchanged")
     updated = await store.rotate_secret(id=number, owner=principal.owner,
                                         tenant=principal.tenant, target=target,
                                         secret=box.seal(secret),

@@ -23,9 +23,10 @@ from service.api.checks import (
     move_target,
     settle,
     too_many,
+    verified_secret,
 )
 from service.api.errors import ApiError, error_responses
-from service.api.handshake import HandshakeFailed, Outbound, new_secret, verify
+from service.api.handshake import Outbound
 from service.api.metrics import ApiMetrics
 from service.api.models import (
     CREATE_FIELDS,
@@ -162,14 +163,8 @@ async def create_webhook(
         raise too_many(limit)
     async with store.session() as s:
         await check_filter_budget(s, principal, 0, path, settings)
-    # No connection is held here: the handshake may take the whole verify timeout.
-    secret = new_secret()
-    try:
-        await verify(client, target, secret, settings.verify_timeout)
-    except HandshakeFailed as exc:
-        metrics.handshake(exc.outcome)
-        raise ApiError(400, f"target verification failed: {exc}") from None
-    metrics.handshake("verified")
+    secret = await verified_secret(client, target, settings, metrics,
+                                   "target verification failed")
     async with store.transaction() as s:
         await s.lock_owner(owner=principal.owner)
         await check_filter_budget(s, principal, 0, path, settings)
