@@ -12,7 +12,10 @@ capacity starts at FLOOR (or the ceiling, when lower) and, every TICK seconds:
   descriptors (one socket per delivery in flight, within the soft RLIMIT_NOFILE less
   RESERVED_FDS);
 - shrinks by a fifth, never below FLOOR, under CPU pressure (CPU_HIGH of a core, or the
-  loop late by LAG_HIGH: the process waits for a core) or past the memory budget;
+  loop late by LAG_HIGH while the process uses CPU_GROW of a core: its own work queues
+  up) or past the memory budget; late while using little CPU, the machine is busy with
+  other processes: the capacity holds (fewer slow deliveries in flight would not free
+  the CPU their answers take, only make them wait);
 - never exceeds the ceiling (WEBHOOKS_CONCURRENCY, by default derived from the budget).
 
 The per-owner share and the per-target windows apply within the capacity (slots.py):
@@ -150,7 +153,7 @@ class Capacity:
         if s.rss > self.memory_budget:
             self.bound = "memory"
             self.limit = max(self.floor, int(limit * SHRINK))
-        elif s.cpu >= CPU_HIGH or s.lag >= LAG_HIGH:
+        elif s.cpu >= CPU_HIGH or (s.lag >= LAG_HIGH and s.cpu >= CPU_GROW):
             self.bound = "cpu"
             self.limit = max(self.floor, int(limit * SHRINK))
         elif s.peak < limit:

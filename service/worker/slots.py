@@ -54,6 +54,12 @@ Key = TypeVar("Key", int, str)
 # slowly: 2,000 in flight hold 2,448 claims, not 16,000 bodies), each with its body.
 AHEAD = 8
 AHEAD_BASE = 64
+# A target that answers in SLOW_AHEAD_MS or more frees its slots far more slowly than a
+# claim's round trip: SLOW_AHEAD times its window is enough ahead. With AHEAD, the claims
+# held went to the first few subscriptions of a queue in subscription order (500 targets
+# answering in a second: 16 claims each for 60 of them, 2 sent, the rest waiting).
+SLOW_AHEAD = 2
+SLOW_AHEAD_MS = 100.0
 # Owners may borrow beyond their cap only when no other owner had work in flight for
 # this long.
 CONTENDED_HOLD = 1.0
@@ -118,6 +124,9 @@ class Slots:
         # some are in flight, wait until a quarter of the slots are free.
         self.claim_min = max(1, min(self.batch_size, self.concurrency // 4))
         self.held_max = self.concurrency + (AHEAD - 1) * min(self.concurrency, AHEAD_BASE)
+        # A claim takes a batch, or an eighth of a large capacity: slow targets' answers
+        # come in waves of hundreds, refilled in fewer round trips.
+        self.claim_max = max(self.batch_size, self.concurrency // 8)
 
     def take_peak(self) -> tuple[int, bool]:
         """The most sending at once since the last call, and whether owners at their cap
@@ -131,7 +140,7 @@ class Slots:
         free = self.held_max - len(self.inflight)
         if free <= 0 or (self.inflight and free < self.claim_min):
             return 0
-        return min(free, self.batch_size)
+        return min(free, self.claim_max)
 
     def take(self, claim: Claim, now: float) -> None:
         """`claim` is held from `now`, waiting to be sent (ready() sends it)."""
@@ -348,9 +357,13 @@ class Slots:
 
     def claim_cap(self, subscription_id: int) -> int:
         """How many claims of the subscription may be held: AHEAD times its window (the
-        sends under way and the claims waiting for them), one when degraded."""
+        sends under way and the claims waiting for them), SLOW_AHEAD times for a target
+        that answers in SLOW_AHEAD_MS or more, one when degraded."""
         if subscription_id in self.degraded:
             return 1
+        window = self.windows.get(subscription_id)
+        if window is not None and window.base_ms >= SLOW_AHEAD_MS:
+            return SLOW_AHEAD * self.cap(subscription_id)
         return AHEAD * self.cap(subscription_id)
 
     def claim_owner_cap(self, owner: str) -> int:
