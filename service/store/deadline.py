@@ -16,7 +16,7 @@ A checkout also looks at what it is handed (`usable`): an idle connection whose 
 has something to read was closed by the server (a restart, a failover, a terminated
 backend: the server says so before it closes) and is replaced at once, without a round
 trip; one idle for IDLE_CHECK or more proves itself with a round trip first, within
-PING_TIMEOUT.
+PING_TIMEOUT, and when one fails, every connection idle since is replaced without one.
 """
 
 from __future__ import annotations
@@ -62,9 +62,9 @@ _BUDGET: ContextVar[Budget | None] = ContextVar("webhooks_db_budget", default=No
 # When each pooled connection was last handed back (loop time).
 _released: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float] = \
     weakref.WeakKeyDictionary()
-# Per pool: the release time of the last connection whose check failed; connections
-# released before it are presumed dead as well (they were idle longer), and replaced
-# without a round trip each.
+# Per pool: when a connection last failed its check; the connections idle since before
+# then are presumed dead as well (what broke one idle connection, a hung proxy or a
+# vanished host, broke them all), and replaced without a round trip each.
 _suspect: weakref.WeakKeyDictionary[AsyncConnectionPool, float] = weakref.WeakKeyDictionary()
 # Cancellations under way (kept referenced until they end).
 _cancelling: set[asyncio.Task[None]] = set()
@@ -94,6 +94,15 @@ def remaining(seconds: float) -> float:
     if current.left <= 0:
         raise DeadlineExceeded(f"the request waited {current.total:g}s for the database")
     return min(seconds, current.left)
+
+
+def first_try(seconds: float) -> float:
+    """The deadline of a statement that may be sent again: `seconds`, or half of what is
+    left of the current budget if that is less, so that the second try has time too."""
+    current = _BUDGET.get()
+    if current is None:
+        return seconds
+    return min(seconds, max(current.left / 2, 0.001))
 
 
 @contextlib.contextmanager
@@ -163,6 +172,12 @@ def watched(conn: psycopg.AsyncConnection[Any], seconds: float, *,
         handle.cancel()
 
 
+def made_now(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Marks a new pooled connection as answering now: one the pool made but nobody used
+    for a second or more proves itself before use, as an idle one does."""
+    _released[conn] = asyncio.get_running_loop().time()
+
+
 def _readable(conn: psycopg.AsyncConnection[Any]) -> bool:
     """Whether an idle connection's socket has something to read: the server's goodbye
     (or its end of file). An idle connection of the service is sent nothing else."""
@@ -178,7 +193,7 @@ async def usable(pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any],
         return False
     released = _released.get(conn)
     if released is None:
-        return True  # new: it has just been made
+        return True  # a pool that does not mark its new connections (made_now)
     if released <= _suspect.get(pool, float("-inf")):
         return False
     try:
@@ -193,7 +208,7 @@ async def usable(pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any],
         with watched(conn, min(PING_TIMEOUT, timeout), charge=False):
             await conn.execute("")
     except (psycopg.Error, OSError, StoreUnavailable):
-        _suspect[pool] = max(_suspect.get(pool, float("-inf")), released)
+        _suspect[pool] = loop.time()
         return False
     return True
 
@@ -227,6 +242,11 @@ async def checked_out(pool: AsyncConnectionPool, timeout: float
             await pool.putconn(conn)
     try:
         yield conn
+    except DeadlineExceeded:
+        # What hung this connection (a proxy, a vanished host) holds the idle ones too:
+        # they are replaced rather than tried.
+        _suspect[pool] = loop.time()
+        raise
     finally:
         _released[conn] = loop.time()
         await pool.putconn(conn)

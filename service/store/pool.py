@@ -18,7 +18,7 @@ from service.db import CONNECT_TIMEOUT, TCP_TIMEOUT, conninfo, raw_query, server
 from service.store.api import ApiQueries
 from service.store.backfill import BackfillQueries
 from service.store.base import Params, one_signature
-from service.store.deadline import checked_out, watched
+from service.store.deadline import checked_out, first_try, made_now, watched
 from service.store.deliveries import DeliveryQueries
 from service.store.errors import StoreUnavailable, translated
 from service.store.fanout import FanoutParams, FanoutQueries
@@ -177,12 +177,14 @@ class Store(Queries):
 
     async def _read(self, fetch: Callable[..., Awaitable[Any]], name: str, params: Params,
                     row: AsyncRowFactory[Any]) -> Any:
+        again = is_read(name)
         async with self._connection() as conn:
             try:
-                with translated(), watched(conn, self.timeout):
+                with translated(), watched(conn, first_try(self.timeout) if again
+                                           else self.timeout):
                     return await fetch(conn, name, params, row)
             except StoreUnavailable:
-                if not is_read(name) or not conn.broken:
+                if not again or not conn.broken:
                     raise
         # The connection broke under a read: once more, on another.
         async with self._connection() as conn:
@@ -282,6 +284,7 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 10, name: str = "w
             await pin_server_settings(conn)
         if configure is not None:
             await configure(conn)
+        made_now(conn)
 
     return AsyncConnectionPool(
         conninfo(url, settings, tcp_timeout=tcp_timeout, connect_timeout=connect_timeout),

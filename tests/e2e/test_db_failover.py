@@ -78,11 +78,17 @@ class Prober:
 
     api: Api
     answers: list[tuple[float, int]] = field(default_factory=list)
+    # Cleared while the fault happens: the API is idle then, so that its pooled
+    # connections meet the database again only once it is back (as a quiet API does).
+    going: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def run(self) -> None:
         async with httpx.AsyncClient(base_url=self.api.url, headers=self.api.auth(),
                                      timeout=60) as client:
+            # Several connections in the pool first.
+            await asyncio.gather(*(client.get("/api/v1/webhooks/") for _ in range(6)))
             while True:
+                await self.going.wait()
                 sent = time.monotonic()
                 response = await client.get("/api/v1/webhooks/")
                 self.answers.append((sent, response.status_code))
@@ -112,12 +118,16 @@ async def stream_across(fault: object, *, write_url: str, service_url: str,
     async with running_worker(service_url, **FAST), \
             api_for(service_url, api_db_timeout=5.0, db_connect_timeout=2.0) as api:
         prober = Prober(api)
+        prober.going.set()
         probing = asyncio.create_task(prober.run())
         try:
             async with writer.running():
                 await poll(lambda: len(receiver.deliveries()) >= 20, timeout=20,
                            what="the stream under way")
+                prober.going.clear()
+                await asyncio.sleep(0.1)  # the request under way, if any, ends
                 back = await asyncio.to_thread(fault)  # type: ignore[arg-type]
+                prober.going.set()
                 if after is not None:
                     writer.url = after()  # type: ignore[operator]
                 written = len(committed(writer.url))

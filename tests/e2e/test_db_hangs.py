@@ -139,6 +139,8 @@ async def test_pooled_connections_the_server_closed_are_replaced_before_use(
         conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                      " WHERE datname = current_database() AND application_name = "
                      "'webhooks-t-closed'")
+        await poll(lambda: backends_through(conn, "webhooks-t-closed") == 0, timeout=10,
+                   what="the terminated backends gone")
         for _ in range(8):
             await store.ping()
     finally:
