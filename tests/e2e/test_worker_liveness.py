@@ -4,6 +4,10 @@ database answers and work is due; an idle worker or a database outage never fail
 
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -15,6 +19,7 @@ from service.api.app import create_app
 from service.commands.status import collect, render
 from service.worker.liveness import Liveness
 from tests.support.api import serving
+from tests.support.net import free_port
 from tests.support.proxy import Proxy, port_of
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe
@@ -22,13 +27,6 @@ from tests.support.worker import add_invoice, make_settings, poll, running_worke
 
 FAST = {"listen_check_interval": 0.5, "liveness_timeout": 1.0, "worker_db_timeout": 2.0,
         "poll_interval": 0.5}
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def gauge(text: str, name: str) -> float:
@@ -128,3 +126,28 @@ async def test_liveness_holds_while_the_database_does_not_answer(
         status, body = liveness.check()
         assert status == 200 and body["database"] == "unreachable"
         assert time.monotonic() - started < 6
+
+
+async def test_webhooks_run_serves_the_workers_liveness_beside_the_api(db_url: str) -> None:
+    port = free_port()
+    env = {**os.environ, "DATABASE_URL": db_url, "WEBHOOKS_ALLOW_PRIVATE_TARGETS": "true"}
+    process = subprocess.Popen([sys.executable, "-m", "service", "run", "--port", str(port)],
+                               env=env, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            while True:
+                try:
+                    answer = await client.get("/livez")
+                    text = (await client.get("/metrics")).text
+                except httpx.TransportError:
+                    answer, text = None, ""
+                if answer is not None and answer.json().get("last_round") is not None:
+                    break
+                assert time.monotonic() < deadline, answer.text if answer else "no answer"
+                await asyncio.sleep(0.1)
+        assert answer.status_code == 200 and answer.json()["status"] == "ok"
+        assert "webhooks_worker_last_round_timestamp_seconds" in text
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
