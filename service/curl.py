@@ -349,6 +349,11 @@ class CurlClient:
                 (pycurl.POST, 1),
                 (pycurl.NOPROGRESS, 1),
                 (pycurl.TCP_NODELAY, 1),
+                # Small buffers: at most BODY_LIMIT bytes of an answer's body are kept, and
+                # thousands of transfers may be under way (their buffers are the worker's
+                # memory per delivery in flight).
+                (pycurl.BUFFERSIZE, 4096),
+                (pycurl.UPLOAD_BUFFERSIZE, 16384),
                 (pycurl.SSL_VERIFYPEER, 1),
                 (pycurl.SSL_VERIFYHOST, 2),
         ):

@@ -151,3 +151,25 @@ def test_one_owners_slow_targets_never_take_every_slot_of_a_grown_capacity() -> 
     assert by_owner == {"slow": 1500, "other": 1}
     peak, held = s.take_peak()
     assert peak == 1501 and held  # the owner share, not the capacity, holds it back
+
+
+def test_a_slow_mark_undone_by_a_2xx_and_slow_targets_hold_two_windows_of_claims() -> None:
+    s = Slots(2000, per_target=64, batch_size=100, slow_after=1.0)
+    assert s.claim_max == 250  # an eighth of a large capacity per claim
+    first = claim(1, "o")
+    s.take(first, 0.0)
+    s.ready(0.0)
+    assert s.claim_cap(1) == AHEAD * 2  # nothing known of the target yet
+    s.mark_slow(1.05)  # past the slow mark before its first answer: halved, degraded
+    assert s.degraded == {1} and s.cap(1) == 1
+    s.answered(1, 200, duration_ms=1050.0)  # a slow target, not a hanging one
+    assert s.degraded == set() and s.cap(1) == 2
+    assert s.claim_cap(1) == 2 * 2  # answers in 100 ms or more: two windows ahead
+    # A failure after a slow mark keeps the window halved.
+    s.free(first)
+    again = claim(1, "o")
+    s.take(again, 2.0)
+    s.ready(2.0)
+    s.mark_slow(2.0 + 4 * 1.05 + 0.1)
+    s.answered(1, 0)
+    assert s.cap(1) == 1
