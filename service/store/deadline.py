@@ -47,7 +47,6 @@ PING_TIMEOUT = 1.0
 CANCEL_TIMEOUT = 5.0
 
 
-
 class Budget:
     """The time the current request may still spend waiting for the database."""
 
@@ -125,13 +124,17 @@ def abandon(conn: psycopg.AsyncConnection[Any]) -> None:
     background, at most CANCEL_TIMEOUT)."""
     if conn.closed:
         return
+    try:
+        fd = conn.pgconn.socket
+    except psycopg.Error:
+        return  # lost already: psycopg is failing what waits on it
     # The cancellation's first step makes its request from the connection's key, before
     # psycopg sees the shut-down socket and the pool closes the connection (the same turn
     # of the loop, ahead of the socket's event).
     task = asyncio.ensure_future(_cancel(conn))
     _cancelling.add(task)
     task.add_done_callback(_cancelling.discard)
-    shut_down(conn.pgconn.socket)
+    shut_down(fd)
 
 
 async def _cancel(conn: psycopg.AsyncConnection[Any]) -> None:
