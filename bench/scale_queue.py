@@ -37,6 +37,7 @@ from bench.common import (
 )
 from bench.context import Context
 from service.api.handshake import new_secret
+from service.config import Settings
 from service.store import Store, make_pool
 from service.worker import pruning
 from tests.support.subscriptions import subscribe_many
@@ -324,7 +325,9 @@ async def _prune(url: str, budget: float) -> int | None:
     pool = make_pool(url, min_size=1, max_size=2, name="bench-prune")
     await pool.open(wait=True)
     try:
-        return await asyncio.wait_for(pruning.prune(Store(pool), RET_RETENTION), budget)
+        # Each statement within the worker's retention deadline (its default).
+        store = Store(pool, Settings().maintenance_db_timeout)
+        return await asyncio.wait_for(pruning.prune(store, RET_RETENTION), budget)
     except TimeoutError:
         return None
     finally:
