@@ -70,7 +70,7 @@ bench-tools:
 	  { apt-get install -y -q wrk >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q wrk >/dev/null; }; }; } || \
 	  echo "bench: wrk is not installed; the API scenario uses its Python load generator"
 
-chaos: install ## kill workers, restart Postgres, cut LISTEN: prove nothing is lost (own cluster)
+chaos: install ## kill workers, restart Postgres, cut LISTEN, hang connections: prove nothing is lost (own cluster)
 	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
 
 fuzz: install ## schemathesis against the API's OpenAPI document, long run (FUZZ_EXAMPLES=300)
