@@ -1,10 +1,11 @@
-"""Attempts in flight: a fixed set of sender tasks sends the claimed deliveries.
+"""Attempts in flight: a set of sender tasks sends the claimed deliveries.
 
 Claims wait in the slots (slots.py) until their subscription, owner and the worker have
-room; then they go to a queue that `concurrency` sender tasks take from, so no attempt
-costs a task of its own. One watchdog bounds every attempt by WEBHOOKS_DELIVERY_TIMEOUT:
-it sleeps until the earliest deadline and cancels a sender whose attempt is past it (the
-attempt then counts as timed out), instead of a timer per attempt.
+room; then they go to a queue that as many sender tasks as the worker's capacity take
+from (more are started as it grows: capacity.py), so no attempt costs a task of its own.
+One watchdog bounds every attempt by WEBHOOKS_DELIVERY_TIMEOUT: it sleeps until the
+earliest deadline and cancels a sender whose attempt is past it (the attempt then counts
+as timed out), instead of a timer per attempt.
 """
 
 from __future__ import annotations

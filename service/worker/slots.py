@@ -1,16 +1,18 @@
 """The worker's delivery slots and the isolation between targets and between owners.
 
-A worker has `concurrency` slots. Each subscription has a window of deliveries it may have
-in flight, which adapts like a congestion window: it starts at INITIAL_WINDOW (or the
-maximum, if lower), grows while its target answers 2xx quickly (by one per fast answer
-until its first trouble, then by about one per window of fast answers), stops growing
-while answers slow down, and halves on trouble (no answer: a timeout or a connection
-error, 429, 5xx). It never exceeds `per_target` (WEBHOOKS_PER_TARGET_CONCURRENCY). A
-degraded subscription (its target did not answer, or answered 429 or 5xx, or an attempt
-of it has been in flight too long: past `slow_after`, or SLOW_FACTOR times its target's
-fastest recent answer when that is longer) holds one slot until it succeeds again, and
-an owner's degraded subscriptions start attempts while those hold less than half of its
-cap. A target slower than the slow mark but steady grows its window slowly.
+A worker has `concurrency` slots, its capacity, which adapts to the machine (capacity.py
+calls resize()); the per-owner share follows it. Each subscription has a window of
+deliveries it may have in flight, which adapts like a congestion window: it starts at
+INITIAL_WINDOW (or the maximum, if lower), grows while its target answers 2xx quickly
+(by one per fast answer until its first trouble, then by about one per window of fast
+answers), stops growing while answers slow down, and halves on trouble (no answer: a
+timeout or a connection error, 429, 5xx). It never exceeds `per_target`
+(WEBHOOKS_PER_TARGET_CONCURRENCY). A degraded subscription (its target did not answer,
+or answered 429 or 5xx, or an attempt of it has been in flight too long: past
+`slow_after`, or SLOW_FACTOR times its target's fastest recent answer when that is
+longer) holds one slot until it succeeds again, and an owner's degraded subscriptions
+start attempts while those hold less than half of its cap. A target slower than the slow
+mark but steady grows its window slowly.
 
 No owner holds more than `per_owner` slots while another owner has work in flight (or had
 recently); an owner alone that has had a fast 2xx answer in the last minute may borrow
@@ -20,7 +22,8 @@ isolation holds while a lone owner is not halved. The claim query skips the satu
 subscriptions and owners, so one slow target or owner never blocks the queue of the others.
 
 Claims run ahead of the sends: a subscription may hold AHEAD times its window in claims
-(one when degraded), an owner AHEAD times its cap, the worker AHEAD times its slots. The
+(SLOW_AHEAD for a slow target, one when degraded), an owner AHEAD times its cap, the
+worker AHEAD times its slots (past AHEAD_BASE slots, AHEAD_BASE times AHEAD - 1 more). The
 claims beyond what may be sent now wait here, in start order per subscription, and go out
 as the sends before them finish, so the senders never wait for a claim's round trip. A subscription
 that becomes degraded gives its waiting claims back (stranded()).
