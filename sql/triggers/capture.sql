@@ -419,13 +419,13 @@ BEGIN
                        NULL::pg_catalog.text AS audience,
                        pg_catalog.json_agg(pg_catalog.json_build_array(p.i, p.p, p.t, p.u,
                                                                        p.r, p.r0))
-                           FILTER (WHERE NOT p.moved) AS rows
+                           FILTER (WHERE v_wanted AND NOT p.moved) AS rows
                   FROM pairs p
                 UNION ALL
                 SELECT 2, %7$L, 'untenanted',
                        pg_catalog.json_agg(pg_catalog.json_build_array(p.i, p.p, p.t, p.u,
                                                                        p.r, p.r0))
-                           FILTER (WHERE p.moved)
+                           FILTER (WHERE v_wanted AND p.moved)
                   FROM pairs p
                 UNION ALL
                 SELECT 3, %8$L, 'tenanted',
@@ -457,12 +457,15 @@ DECLARE
              WHEN TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN %6$L
              ELSE %11$L END;
     v_waiting pg_catalog.bool;
+    -- Whether the statement's own event is wanted (a tenant-scoped table's UPDATE is
+    -- probed for .create and .delete too: a row that changes tenant is one of each).
+    v_wanted pg_catalog.bool := true;
 BEGIN
     -- The probe: this table is the attachment's, and an active subscription wants the
     -- event; and whether a worker waits for a NOTIFY (read only when one is wanted).
     -- Each statement here is one SPI call; when nobody wants it, this is the only one
     -- (and the writer touches nothing else of the schema than the three tables it names).
-    SELECT EXISTS (SELECT 1 FROM webhooks.wakeups) INTO v_waiting
+    SELECT EXISTS (SELECT 1 FROM webhooks.wakeups)%14$s INTO v_waiting%15$s
       FROM webhooks.attachments a
      WHERE a.id OPERATOR(pg_catalog.=) %1$s
        AND a.table_oid OPERATOR(pg_catalog.=) TG_RELID
@@ -522,7 +525,13 @@ $src$,
         CASE WHEN a.tenant_column IS NULL THEN 'v_name'
              ELSE format('ANY (CASE WHEN TG_OP OPERATOR(pg_catalog.=) ''UPDATE'' '
                          'THEN ARRAY[%L, %L, %L]::pg_catalog.text[] ELSE ARRAY[v_name] END)',
-                         a.noun || '.update', a.noun || '.create', a.noun || '.delete') END);
+                         a.noun || '.update', a.noun || '.create', a.noun || '.delete') END,
+        CASE WHEN a.tenant_column IS NOT NULL THEN format(
+            ', EXISTS (SELECT 1 FROM webhooks.wanted_events w'
+            ' WHERE w.resource OPERATOR(pg_catalog.=) %L'
+            ' AND w.event OPERATOR(pg_catalog.=) v_name'
+            ' AND w.subscriptions OPERATOR(pg_catalog.>) 0)', a.hook_resource) END,
+        CASE WHEN a.tenant_column IS NOT NULL THEN ', v_wanted' END);
     -- Column names and literals are quoted, but a dollar quote ends at its tag wherever
     -- it appears: pick one the body does not contain.
     WHILE position('$' || v_tag || '$' IN v_body) > 0 LOOP
