@@ -350,9 +350,11 @@ def pin_server_settings(conn: psycopg.Connection[Any]) -> None:
         conn.execute(statement)
 
 
-def yoyo_url(url: str) -> str:
+def yoyo_url(url: str, server_version: int = 0) -> str:
     """The libpq URI in the form yoyo expects for the psycopg 3 driver, with the service's
-    session options in its query (which yoyo hands to psycopg) and schema webhooks alone
+    session options in its query (which yoyo hands to psycopg), with the settings only
+    some servers know pinned there too for a server of `server_version` (migrate knows it
+    from its own connection; SERVER_SETTINGS), and schema webhooks alone
     on the search path: yoyo names its tables (_yoyo_migration, yoyo_lock ...) without a
     schema, so they live in webhooks, which only the installing role can write (see
     prepare_yoyo). The role's or the database's search path would let whoever owns a
@@ -365,7 +367,11 @@ def yoyo_url(url: str) -> str:
     query = parse_qsl(parts.query, keep_blank_values=True)
     own = " ".join(v for k, v in query if k == "options") or None
     query = [(k, v) for k, v in query if k != "options"]
-    query.append(("options", service_options(own, search_path=YOYO_SCHEMA)))
+    options = service_options(own, search_path=YOYO_SCHEMA)
+    known = {name: value for since, name, value in SERVER_SETTINGS if server_version >= since}
+    if known:
+        options += " " + session_options(known)
+    query.append(("options", options))
     query.extend((k, str(v)) for k, v in network_options().items()
                  if k not in {k for k, _ in query})
     return urlunsplit(parts._replace(query=urlencode(query, quote_via=quote)))
@@ -492,7 +498,7 @@ def migrate(url: str) -> list[str]:
                 raise RuntimeError(f"no migrations found in {MIGRATIONS_DIR}: the "
                                    "installed package is incomplete")
             prepare_yoyo(conn, {m.id for m in migrations})
-            backend = get_backend(yoyo_url(url))
+            backend = get_backend(yoyo_url(url, conn.info.server_version))
             try:
                 with backend.lock():
                     _refuse_newer(backend, migrations)

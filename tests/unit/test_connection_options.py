@@ -31,6 +31,11 @@ def test_the_urls_own_network_parameters_are_kept() -> None:
 def test_yoyos_connection_has_them_too() -> None:
     url = db.yoyo_url("postgresql://u@h/d")
     assert "keepalives=1" in url and "tcp_user_timeout=15000" in url
+    assert "idle_session_timeout" not in url  # a server of unknown version
+    assert "synchronous_commit%3Don" in url
+    newer = db.yoyo_url("postgresql://u@h/d", 170000)
+    assert "idle_session_timeout%3D0" in newer and "transaction_timeout%3D0" in newer
+    assert "transaction_timeout" not in db.yoyo_url("postgresql://u@h/d", 140000)
 
 
 def test_only_plain_reads_are_sent_again() -> None:
