@@ -306,7 +306,8 @@ class Settings:
     # client-side deadlines of each kind of work, a statement and a pool checkout each.
     db_tcp_timeout: float = setting("WEBHOOKS_DB_TCP_TIMEOUT", positive_duration, 15.0)
     db_connect_timeout: float = setting("WEBHOOKS_DB_CONNECT_TIMEOUT", positive_duration, 5.0)
-    api_db_timeout: float = setting("WEBHOOKS_API_DB_TIMEOUT", positive_duration, 10.0)
+    # 8 s: with the rest of its work, a request is answered within 10 s.
+    api_db_timeout: float = setting("WEBHOOKS_API_DB_TIMEOUT", positive_duration, 8.0)
     worker_db_timeout: float = setting("WEBHOOKS_WORKER_DB_TIMEOUT", positive_duration, 10.0)
     maintenance_db_timeout: float = setting("WEBHOOKS_MAINTENANCE_DB_TIMEOUT",
                                             positive_duration, 600.0)

@@ -5,8 +5,11 @@ API answers within its bound and serves again once connections work."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -17,13 +20,14 @@ from tests.support.api import api_for
 from tests.support.proxy import Proxy, port_of
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe
-from tests.support.worker import add_invoice, poll, running_worker
+from tests.support.worker import add_invoice, poll, running_worker, worker_env
 
 # Short deadlines, so that each case takes seconds; the bound checked is the service's
 # (30 s for the worker), not these.
 FAST = {"worker_db_timeout": 1.5, "listen_check_interval": 1.0, "db_connect_timeout": 2.0,
         "db_tcp_timeout": 5.0, "poll_interval": 0.5}
 WORKER_BOUND = 30.0
+WEBHOOKS = str(Path(sys.executable).with_name("webhooks"))
 
 
 @pytest.fixture
@@ -178,3 +182,34 @@ def sleeping(conn: psycopg.Connection) -> int:
                        "'SELECT pg_sleep(30)%'").fetchone()
     assert row is not None
     return int(row[0])
+
+
+async def test_a_worker_process_with_the_default_deadlines_resumes_within_the_bound(
+        db_url: str, conn: psycopg.Connection, receiver: Receiver, proxy: Proxy,
+        tmp_path: Path) -> None:
+    """`webhooks worker` as deployed (its database deadlines the defaults): every
+    connection it holds stops answering, and rows committed afterwards are delivered
+    within 30 s."""
+    subscribe(conn, receiver.url, events=["invoice.create"])
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [WEBHOOKS, "worker", "--concurrency", "8"], stdout=out, stderr=out,
+            env=worker_env(proxy.url(db_url)))
+    try:
+        add_invoice(conn, "before")
+        await receiver.wait_for(lambda r: len(r.deliveries()) >= 1, timeout=30)
+        await poll(lambda: backends_through(conn, "webhooks-listener") == 1, timeout=10,
+                   what="the worker listening")
+        proxy.hang()
+        faulted = time.monotonic()
+        for n in range(5):
+            add_invoice(conn, f"after-{n}")
+        await receiver.wait_for(lambda r: len(r.deliveries()) >= 6, timeout=WORKER_BOUND)
+        took = time.monotonic() - faulted
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert numbers_received(receiver) == {"before", *(f"after-{n}" for n in range(5))}
+    assert took < WORKER_BOUND, log.read_text()[-3000:]
+    print(f"worker process, default deadlines: delivered {took:.1f}s after the hang")
