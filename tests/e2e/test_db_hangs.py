@@ -213,3 +213,17 @@ async def test_a_worker_process_with_the_default_deadlines_resumes_within_the_bo
     assert numbers_received(receiver) == {"before", *(f"after-{n}" for n in range(5))}
     assert took < WORKER_BOUND, log.read_text()[-3000:]
     print(f"worker process, default deadlines: delivered {took:.1f}s after the hang")
+
+
+async def test_with_the_default_deadlines_a_request_is_answered_within_10_s(
+        db_url: str, proxy: Proxy) -> None:
+    async with api_for(proxy.url(db_url)) as api:
+        assert (await api.request("GET", "/api/v1/webhooks/")).status_code == 200
+        proxy.hang(new=True)
+        started = time.monotonic()
+        down = await api.request("GET", "/api/v1/webhooks/")
+        took = time.monotonic() - started
+    assert down.status_code == 503 and set(down.json()) == {"error"}
+    assert "retry-after" in down.headers
+    assert took < 10.0, f"held {took:.1f}s"
+    print(f"API, default deadlines: 503 after {took:.2f}s")
