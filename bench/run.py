@@ -29,6 +29,7 @@ from bench import (
     https,
     load,
     noisy,
+    ratelimit,
     report,
     resilience,
     scale,
@@ -65,6 +66,7 @@ SCENARIOS: dict[str, Scenario] = {
     "noisy_neighbour": noisy.scenario,
     "slow_targets": slow.scenario,
     "https": https.scenario,
+    "rate_limit": ratelimit.scenario,
 }
 # slow_targets and https start receivers of their own.
 NEEDS_RECEIVER = set(SCENARIOS) - {"capture", "capture_scale", "slow_targets", "https"}
