@@ -39,7 +39,7 @@ PRUNE_LOCK = 7315600212945527044
 # under 1). Back to back, the drops took 1 s and 14-21% of the commits made then took
 # over 2 ms; spaced 20 times their own time, 1.7-3%; spaced so, 0.8-1.2%, as many as in
 # the seconds before: about 100 s for the 63 partitions, a few for a day's three
-# (docs/benchmarks.md).
+# (bench/HISTORY.md).
 DROP_SPACING = 100.0
 DROP_PAUSE_MAX = 10.0
 

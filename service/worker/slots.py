@@ -51,7 +51,7 @@ Key = TypeVar("Key", int, str)
 # 13 ms on a busy 2-core machine (its database, receiver and worker share the cores), in
 # which the senders finish 30 to 80 deliveries, and the next claim starts only once a
 # quarter of what is held has gone: with four, the senders ran dry behind about half of
-# the claims (traced in `make bench`'s throughput, docs/benchmarks.md); eight keep them
+# the claims (traced in `make bench`'s throughput, bench/HISTORY.md); eight keep them
 # busy. The worker holds at most AHEAD x its capacity in claims, or its capacity and
 # AHEAD - 1 times AHEAD_BASE beyond a capacity of AHEAD_BASE (slow targets free slots
 # slowly: 2,000 in flight hold 2,448 claims, not 16,000 bodies), each with its body.
