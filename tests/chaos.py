@@ -232,6 +232,9 @@ def start_worker(url: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "DATABASE_URL": url, "WEBHOOKS_ALLOW_PRIVATE_TARGETS": "true",
            "WEBHOOKS_DELIVERY_TIMEOUT": "1", "WEBHOOKS_LEASE": "4",
            "WEBHOOKS_WORKER_DB_TIMEOUT": "2", "WEBHOOKS_LISTEN_CHECK_INTERVAL": "2",
+           # A hung connection of a backfill batch or of maintenance holds what its
+           # transaction locked until it is abandoned: short here as the loop's deadline.
+           "WEBHOOKS_BACKFILL_DB_TIMEOUT": "5", "WEBHOOKS_MAINTENANCE_DB_TIMEOUT": "10",
            "WEBHOOKS_DB_CONNECT_TIMEOUT": "2", "WEBHOOKS_DB_TCP_TIMEOUT": "6",
            "WEBHOOKS_POLL_INTERVAL": "1", "WEBHOOKS_RETRY_SCHEDULE": "0.5s,1s,1s,2s,2s,3s,5s,5s",
            "WEBHOOKS_LOG_LEVEL": "WARNING", "WEBHOOKS_SHUTDOWN_GRACE": "2"}
