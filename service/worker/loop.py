@@ -161,9 +161,11 @@ class Worker:
         a change's delivery waits for it: a fresh worker's first deliveries, and those
         after a connection's hourly renewal, waited for that planning."""
         s = Session(conn)
+        # A scan of nothing too: the claim locks the due deliveries it scans until its
+        # transaction ends, and another connection's claim passes over those (the oldest
+        # ones: later ones were sent first while a new connection was being prepared).
         lease = delivery.claim_params(limit=0, per_target=self.slots.initial, busy={},
-                                      lease=self.settings.lease,
-                                      scan=self.settings.batch_size,
+                                      lease=self.settings.lease, scan=0,
                                       per_owner=self.slots.per_owner, busy_owners={})
         try:
             for params in (fanout_params(0, self.settings.max_row_bytes),  # the catch-up's

@@ -13,7 +13,8 @@ from psycopg.adapt import PyFormat, Transformer
 from service.store.base import one_signature
 from service.store.worker import ClaimParams
 from service.worker import delivery
-from service.worker.fanout import fanout_params
+from service.worker.fanout import drain_outbox, fanout_params
+from tests.support.subscriptions import subscribe
 from tests.support.worker import running_worker
 
 
@@ -65,3 +66,26 @@ async def test_each_queue_connection_comes_with_its_statements_planned(db_url: s
     assert any("pg_try_advisory_xact_lock" in t for t in planned), rows  # the fan-out
     assert any("lease_expires_at = CASE" in t for t in planned), rows  # the claim
     assert any("jsonb_array_elements" in t for t in planned), rows  # the record
+
+
+async def test_preparing_a_connection_holds_no_due_delivery_back(
+        db_url: str, conn: psycopg.Connection) -> None:
+    # A new connection of the queue pool is prepared while the worker claims on others: a
+    # claim of nothing that scanned the due deliveries left the oldest locked for a moment,
+    # and a claim beside it started later ones first.
+    async with running_worker(db_url) as worker:
+        await worker.stop()  # its pools stay open until the block ends
+        subscribe(conn)
+        conn.execute("INSERT INTO invoices (number, customer, amount, company_id)"
+                     " SELECT 'P-' || g, 'c', 1, 'acme' FROM generate_series(1, 20) g")
+        await drain_outbox(worker.store, 100)
+        # Prepared in one transaction here, as if each statement's locks lasted as long as
+        # the preparation.
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as fresh, \
+                fresh.transaction():
+            await worker.prepare_queue(fresh)
+            free = conn.execute(
+                "SELECT count(*) FROM (SELECT 1 FROM webhooks.deliveries"
+                " WHERE status = 'pending' FOR UPDATE SKIP LOCKED) x").fetchone()
+            conn.rollback()
+    assert free == (20,)
