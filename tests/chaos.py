@@ -44,6 +44,9 @@ from tests.support.subscriptions import subscribe
 # port, even in TIME_WAIT, would keep the restarted server from binding it.
 PORT = 25431
 DATADIR = Path(".pgdata-chaos")
+# Seconds without a delivery arriving, after the writers stop, that end the drain: every
+# wait of the run (a lease, a retry, Retry-After, a connection's deadline) is far shorter.
+NO_PROGRESS = 30
 TABLES_SQL = """
 CREATE TABLE orders (id uuid PRIMARY KEY, tenant text NOT NULL, version int NOT NULL,
                      note text);
@@ -324,7 +327,7 @@ async def chaos(seconds: float, writers: int, kills: int, seed: int) -> int:
         changes = await resolve_uncertain(url, [c for w in writer_objs for c in w.changes])
         expected = expected_for(changes)
         # The backlog drains after the writers stop: wait while deliveries keep arriving,
-        # and call what is missing lost only after 30 s without progress (10 min at most).
+        # and call what is missing lost only after NO_PROGRESS s without any (10 min at most).
         give_up = time.monotonic() + 600
         last_count, last_progress = -1, time.monotonic()
         while time.monotonic() < give_up:
@@ -333,7 +336,7 @@ async def chaos(seconds: float, writers: int, kills: int, seed: int) -> int:
             count = sum(len(v) for v in receipts.got.values())
             if count != last_count:
                 last_count, last_progress = count, time.monotonic()
-            elif time.monotonic() - last_progress > 30:
+            elif time.monotonic() - last_progress > NO_PROGRESS:
                 break
             await asyncio.sleep(0.5)
         drained_in = time.monotonic() - deadline
@@ -352,6 +355,16 @@ async def chaos(seconds: float, writers: int, kills: int, seed: int) -> int:
     with psycopg.connect(url, autocommit=True) as conn:
         gone_active = conn.execute("SELECT active FROM webhooks.subscriptions "
                                    "WHERE target LIKE '%/gone'").fetchone()
+        # Where the work stands, to tell a stalled queue from a delivery failed for good.
+        queue = conn.execute(
+            "SELECT split_part(s.target, '/', 4), d.status, count(*),"
+            "       max(d.attempts), count(*) FILTER (WHERE d.lease_expires_at > now()),"
+            "       round(extract(epoch FROM max(d.next_attempt_at) - now())::numeric, 1)"
+            "  FROM webhooks.deliveries d JOIN webhooks.subscriptions s"
+            "    ON s.id = d.subscription_id"
+            " WHERE d.status <> 'succeeded' GROUP BY 1, 2 ORDER BY 1, 2").fetchall()
+        left = conn.execute("SELECT (SELECT count(*) FROM webhooks.outbox),"
+                            " (SELECT count(*) FROM webhooks.rejected_changes)").fetchone()
     devdb.stop(DATADIR)
 
     lost = sum(len(keys - set(receipts.got.get(n, []))) for n, keys in expected.items())
@@ -379,6 +392,12 @@ async def chaos(seconds: float, writers: int, kills: int, seed: int) -> int:
         print(f"  {f}")
     print("\n" + "\n".join(f"  {name:<42} {value:>8}" for name, value in rows))
     ok = lost == 0 and unexpected == 0 and inactive == 0 and gone_active == (False,)
+    if not ok:
+        print(f"\n  outbox rows left {left[0] if left else '?'}, changes set aside "
+              f"{left[1] if left else '?'}; deliveries not succeeded (subscription, status, "
+              "count, most attempts, leased, seconds until the latest is due):")
+        for row in queue:
+            print("    " + " ".join(str(v) for v in row))
     if gone_active != (False,):
         print("  the subscription answering 410 is still active")
     print(f"\nchaos: {'PASS' if ok else 'FAIL'}")
