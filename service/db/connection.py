@@ -56,18 +56,21 @@ SESSION_SETTINGS: dict[str, str] = {
     "synchronous_commit": "on",
 }
 
-# statement_timeout, lock_timeout, idle_in_transaction_session_timeout: 0, the server's
-# own default, whatever the database or role says; the options of DATABASE_URL may set
-# them (they come after these). The service bounds its own waits where one could pile up
-# behind DDL or hold up writers (retention's DDL waits at most 2 s for a lock, a backfill
-# batch 1 s, a subscription's activation WEBHOOKS_VERIFY_TIMEOUT; the worker's HTTP is
-# never inside a transaction); a timeout a role keeps for interactive sessions would
-# cancel a migration, the fan-out of a large statement or a detach waiting for old
-# snapshots.
+# statement_timeout, lock_timeout: 0, the server's own default, whatever the database or
+# role says; the options of DATABASE_URL may set them (they come after these). The service
+# bounds its own waits where one could pile up behind DDL or hold up writers (retention's
+# DDL waits at most 2 s for a lock, a backfill batch 1 s, a subscription's activation
+# WEBHOOKS_VERIFY_TIMEOUT; the worker's HTTP is never inside a transaction); a timeout a
+# role keeps for interactive sessions would cancel a migration, the fan-out of a large
+# statement or a detach waiting for old snapshots.
+# idle_in_transaction_session_timeout: a minute. The service never waits inside a
+# transaction (its statements follow each other), but a connection abandoned at its
+# deadline behind a proxy that hangs keeps its server side alive, and the cancel request
+# cannot pass either: the server ends that transaction, and frees what it locked, here.
 SESSION_DEFAULTS: dict[str, str] = {
     "statement_timeout": "0",
     "lock_timeout": "0",
-    "idle_in_transaction_session_timeout": "0",
+    "idle_in_transaction_session_timeout": "1min",
 }
 
 

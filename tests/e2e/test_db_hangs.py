@@ -15,7 +15,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from service.store import DeadlineExceeded, Store, make_pool
+from service.db import connect
+from service.store import DeadlineExceeded, Store, StoreUnavailable, make_pool
 from tests.support.api import api_for
 from tests.support.proxy import Proxy, port_of
 from tests.support.receivers import Receiver
@@ -227,3 +228,42 @@ async def test_with_the_default_deadlines_a_request_is_answered_within_10_s(
     assert "retry-after" in down.headers
     assert took < 10.0, f"held {took:.1f}s"
     print(f"API, default deadlines: 503 after {took:.2f}s")
+
+
+async def test_a_transaction_abandoned_behind_a_hung_proxy_releases_its_locks(
+        db_url: str, conn: psycopg.Connection, proxy: Proxy) -> None:
+    """The cancel request cannot pass a proxy that hangs every connection, and the server
+    still sees its end of the abandoned connection alive: its transaction, idle, ends at
+    idle_in_transaction_session_timeout (the service's default: a minute; 3 s here, set by
+    the URL's options as an operator may) and the row it locked is free again."""
+    sid, _ = subscribe(conn)
+    url = proxy.url(db_url)
+    url += ("&" if "?" in url else "?") + "options=-c%20idle_in_transaction_session_timeout%3D3s"
+    pool = make_pool(url, min_size=1, max_size=1, name="t-hung-tx")
+    await pool.open(wait=True)
+    try:
+        store = Store(pool, 0.5)
+        with pytest.raises(StoreUnavailable):
+            async with store.transaction() as s:
+                await s._execute(sql.SQL(
+                    "SELECT 1 FROM webhooks.subscriptions WHERE id = {} FOR UPDATE"
+                ).format(sid))
+                proxy.hang(new=True)
+                await s.ping()
+
+        def free() -> bool:
+            row = conn.execute("SELECT count(*) FROM (SELECT 1 FROM webhooks.subscriptions"
+                               " WHERE id = %s FOR UPDATE SKIP LOCKED) x", (sid,)).fetchone()
+            conn.rollback()
+            return row == (1,)
+
+        assert not free()  # still held by the abandoned transaction
+        await poll(free, timeout=10, what="the abandoned transaction's lock released")
+    finally:
+        await pool.close()
+
+
+def test_service_connections_bound_an_idle_transaction_by_default(db_url: str) -> None:
+    with connect(db_url) as c:
+        row = c.execute("SHOW idle_in_transaction_session_timeout").fetchone()
+    assert row == ("1min",)
