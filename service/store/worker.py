@@ -33,7 +33,7 @@ class LeaseParams(TypedDict):
 
 
 class ClaimParams(LeaseParams):
-    """The parameters of the claim query (service.worker.delivery.claim_params)."""
+    """The parameters of the claim query (service.worker.pacing.claim_params)."""
 
     limit: int
     scan: int
@@ -56,22 +56,10 @@ class OthersDue(TypedDict):
 class WorkerQueries(AsyncQueries):
     """What the worker's loop and its side tasks run, each on a connection of its own."""
 
-    async def claim(self, into: type[Claimed], *, limit: int, scan: int, per_target: int,
-                    per_owner: int, lease: float, busy_ids: list[int],
-                    busy_counts: list[int], saturated: list[int], degraded: list[int],
-                    owner_names: list[str], owner_counts: list[int],
-                    saturated_owners: list[str], lane_sids: list[int],
-                    lane_since: list[datetime], since: datetime | None = None
-                    ) -> list[Claimed]:
+    async def claim(self, into: type[Claimed], params: ClaimParams) -> list[Claimed]:
         """Leases up to `limit` due deliveries below their caps, as `into` (unordered);
         `since`: the queue's floor as last read (None: every partition is read)."""
-        return await self._all("claim", one_signature({
-            "limit": limit, "scan": scan, "per_target": per_target, "per_owner": per_owner,
-            "lease": lease, "busy_ids": busy_ids, "busy_counts": busy_counts,
-            "saturated": saturated, "degraded": degraded, "owner_names": owner_names,
-            "owner_counts": owner_counts, "saturated_owners": saturated_owners,
-            "lane_sids": lane_sids, "lane_since": lane_since, "since": since}),
-            row=class_row(into))
+        return await self._all("claim", one_signature(params), row=class_row(into))
 
     async def others_due(self, *, after: int, steps: int, take: int, busy: list[int],
                          since: datetime | None = None) -> OthersDue:

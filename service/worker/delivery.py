@@ -1,6 +1,7 @@
-"""Deliveries: claim due ones with a lease, send one signed POST each, decide what follows.
+"""Deliveries: what a claim returns, one signed POST each, and what follows.
 
-The outcomes are written by the recorder (recorder.py)."""
+The claim's parameters are built in pacing.py; the outcomes are written by the recorder
+(recorder.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ from service.logs import redact
 from service.outcomes import Answer, classify
 from service.ssrf import TargetRejected
 from service.store import Store
-from service.store.worker import ClaimParams
 from service.worker.retry import next_delay
 from service.worker.signing import message_id, signed_headers
 from service.worker.tracing import Attempt, Tracer
@@ -96,24 +96,6 @@ class Outcome:
     error: str | None  # the error, or the start of the response body, for failures
 
 
-async def claim(store: Store, *, limit: int, per_target: int,
-                busy: Mapping[int, int], lease: float, scan: int,
-                degraded: Collection[int] = (), per_owner: int | None = None,
-                busy_owners: Mapping[str, int] | None = None) -> list[Claim]:
-    """Claims up to `limit` due deliveries, committed before returning, in start order.
-
-    `busy` maps subscription ids to deliveries this worker has in flight for them; none
-    gets more than `per_target` in flight, and the `degraded` ones (whose last attempt
-    failed) no more than one. `busy_owners` does the same per owner, capped at `per_owner`
-    (None: no cap). Deliveries of inactive subscriptions are closed as failed and not
-    returned.
-    """
-    rows = await store.claim(Claim, **claim_params(
-        limit=limit, per_target=per_target, busy=busy, lease=lease, scan=scan,
-        degraded=degraded, per_owner=per_owner, busy_owners=busy_owners))
-    return in_start_order(rows)
-
-
 def in_start_order(rows: Sequence[Claim]) -> list[Claim]:
     """The active claims of a claim query's rows, in the order their attempts start."""
     # RETURNING has no order: attempts of one subscription start in event order.
@@ -146,34 +128,6 @@ def saturated_owners(busy_owners: Mapping[str, int], per_owner: int | None) -> l
     if per_owner is None:
         return []
     return [owner for owner, n in busy_owners.items() if n >= per_owner]
-
-
-def claim_params(*, limit: int, per_target: int, busy: Mapping[int, int], lease: float,
-                 scan: int, degraded: Collection[int] = (), per_owner: int | None = None,
-                 busy_owners: Mapping[str, int] | None = None,
-                 lane: Mapping[int, datetime] | None = None,
-                 since: datetime | None = None) -> ClaimParams:
-    """The parameters of the claim query (see claim()); `lane`: the queues the lane for
-    other queues keeps (others_due), each with the day its probe starts at, claimed from
-    beside the oldest; `since`: the queue's floor as last read (None: not known)."""
-    owners = busy_owners or {}
-    return {
-        "lane_sids": list(lane or {}),
-        "lane_since": list((lane or {}).values()),
-        "limit": limit,
-        "scan": max(scan, limit),
-        "per_target": per_target,
-        "per_owner": per_owner if per_owner is not None else 2**31 - 1,
-        "lease": lease,
-        "busy_ids": list(busy),
-        "busy_counts": list(busy.values()),
-        "saturated": saturated(busy, per_target, degraded),
-        "degraded": list(degraded),
-        "owner_names": list(owners),
-        "owner_counts": list(owners.values()),
-        "saturated_owners": saturated_owners(owners, per_owner),
-        "since": since,
-    }
 
 
 @lru_cache(maxsize=4096)

@@ -47,7 +47,7 @@ from service.worker.lifecycle import run_round as lifecycle_round
 from service.worker.listener import Listener
 from service.worker.liveness import Liveness
 from service.worker.metrics import WorkerMetrics, WorkerStats
-from service.worker.pacing import LANE_STEPS, LANE_TAKE, MIN_WAIT, Pacing
+from service.worker.pacing import LANE_STEPS, LANE_TAKE, MIN_WAIT, Pacing, claim_params
 from service.worker.pruning import prune_loop
 from service.worker.recorder import Recorder
 from service.worker.slots import Slots
@@ -164,14 +164,14 @@ class Worker:
         # A scan of nothing too: the claim locks the due deliveries it scans until its
         # transaction ends, and another connection's claim passes over those (the oldest
         # ones: later ones were sent first while a new connection was being prepared).
-        lease = delivery.claim_params(limit=0, per_target=self.slots.initial, busy={},
-                                      lease=self.settings.lease, scan=0,
-                                      per_owner=self.slots.per_owner, busy_owners={})
+        lease = claim_params(limit=0, per_target=self.slots.initial, busy={},
+                             lease=self.settings.lease, scan=0,
+                             per_owner=self.slots.per_owner, busy_owners={})
         try:
             for params in (fanout_params(0, self.settings.max_row_bytes),  # the catch-up's
                            fanout_params(0, self.settings.max_row_bytes, lease=lease)):
                 await s.fanout(FanoutBatch, params | {"lock_key": PREPARE_LOCK})
-            await s.claim(Claim, **lease)
+            await s.claim(Claim, lease)
             await s.record(batch="[]")
         except StoreError as exc:
             # Only a head start: the statements are prepared at their first use anyway,
@@ -322,7 +322,7 @@ class Worker:
             return self.settings.poll_interval
         await self._others(now)
         self.stats.round_trips += 1
-        rows = await self.queue.claim(Claim, **self.pacing.claim_params(wanted))
+        rows = await self.queue.claim(Claim, self.pacing.claim_params(wanted))
         claims = delivery.in_start_order(rows)
         self._attempts.start(claims)
         await self._close_inactive(rows)

@@ -10,7 +10,7 @@ trip serves several slots. Pacing does no I/O: the loop runs the claims and the
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from datetime import datetime
 
 from service.store.worker import ClaimParams, OthersDue
@@ -45,8 +45,6 @@ class Lane:
 
     def __init__(self) -> None:
         self.queues: dict[int, tuple[str, datetime]] = {}  # sid: (owner, its probe's day)
-        self.held: set[int] = set()  # kept queues the last claim's caps held back
-        self.held_owners: set[str] = set()
 
     def found(self, others: OthersDue) -> None:
         """Adds what a walk found."""
@@ -65,24 +63,54 @@ class Lane:
         """The queues for a claim, each with the day its probe starts at."""
         return {sid: since for sid, (_, since) in self.queues.items()}
 
-    def held_back(self, params: ClaimParams) -> None:
-        """Notes the subscriptions and owners whose caps hold back the claim of `params`,
-        for claimed()."""
-        self.held = set(params["saturated"])
-        self.held_owners = set(params["saturated_owners"])
-
-    def claimed(self, claims: Collection[Claim], wanted: int) -> None:
-        """After a claim that asked for `wanted`: a queue it took nothing from, though it
-        could (no cap held that queue back, and the lane's queues, which the claim takes
-        first, did not fill it), has nothing due any more and is dropped. A full claim of
-        other queues' deliveries says nothing of the lane's."""
+    def claimed(self, claims: Collection[Claim], wanted: int, asked: ClaimParams | None
+                ) -> None:
+        """After a claim of `asked` (None: not known) that asked for `wanted`: a queue it
+        took nothing from, though it could (no cap held that queue back, and the lane's
+        queues, which the claim takes first, did not fill it), has nothing due any more
+        and is dropped. A full claim of other queues' deliveries says nothing of the
+        lane's."""
         if not self.queues:
             return
         took = {c.subscription_id for c in claims if c.subscription_id in self.queues}
         if sum(c.subscription_id in took for c in claims) >= wanted:
             return
+        held = set(asked["saturated"]) if asked else set()
+        held_owners = set(asked["saturated_owners"]) if asked else set()
         self.queues = {sid: (owner, since) for sid, (owner, since) in self.queues.items()
-                       if sid in took or sid in self.held or owner in self.held_owners}
+                       if sid in took or sid in held or owner in held_owners}
+
+
+def claim_params(*, limit: int, per_target: int, busy: Mapping[int, int], lease: float,
+                 scan: int, degraded: Collection[int] = (), per_owner: int | None = None,
+                 busy_owners: Mapping[str, int] | None = None,
+                 lane: Mapping[int, datetime] | None = None,
+                 since: datetime | None = None) -> ClaimParams:
+    """The parameters of the claim query, the one place they are built (the claim's and a
+    quiet queue's leasing fan-out's): up to `limit` deliveries, none of a subscription
+    with `per_target` in `busy` (one when `degraded`), none of an owner with `per_owner`
+    in `busy_owners` (None: no cap); `lane`: the queues the lane for
+    other queues keeps (others_due), each with the day its probe starts at, claimed from
+    beside the oldest; `since`: the queue's floor as last read (None: not known)."""
+    owners = busy_owners or {}
+    return {
+        "lane_sids": list(lane or {}),
+        "lane_since": list((lane or {}).values()),
+        "limit": limit,
+        "scan": max(scan, limit),
+        "per_target": per_target,
+        "per_owner": per_owner if per_owner is not None else 2**31 - 1,
+        "lease": lease,
+        "busy_ids": list(busy),
+        "busy_counts": list(busy.values()),
+        "saturated": delivery.saturated(busy, per_target, degraded),
+        "degraded": list(degraded),
+        "owner_names": list(owners),
+        "owner_counts": list(owners.values()),
+        "saturated_owners": delivery.saturated_owners(owners, per_owner),
+        "since": since,
+    }
+
 
 
 class Pacing:
@@ -101,6 +129,7 @@ class Pacing:
         # back): until due_at, a fan-out may lease what it makes (quiet()).
         self.drained = False
         self.view: tuple[dict[int, int], dict[str, int]] = ({}, {})
+        self.asked: ClaimParams | None = None  # the last claim's parameters
         # The lane for other queues (lane_due): whether the last claim found work, when the
         # lane last ran and where its walk goes on.
         self.busy = False
@@ -170,21 +199,20 @@ class Pacing:
         # What the query sees in flight: a short claim may have stopped at a cap that the
         # attempts finishing during its round trip have freed since (see claimed).
         self.view = self.slots.view()
-        # The adaptive caps go in as shifted counts (slots.py): one query shape for all.
-        params = delivery.claim_params(
+        # The adaptive caps go in as shifted counts (ahead.py): one query shape for all.
+        self.asked = claim_params(
             limit=wanted, per_target=self.slots.initial, busy=self.slots.claim_busy(),
             lease=self.lease, scan=self.scan, degraded=self.slots.degraded,
             per_owner=self.slots.per_owner, busy_owners=self.slots.claim_busy_owners(),
             lane=self.lane.params(), since=self.since)
-        self.lane.held_back(params)
-        return params
+        return self.asked
 
     def claimed(self, claims: Collection[Claim], wanted: int, now: float) -> float | None:
         """After a claim that asked for `wanted` (its attempts started): how long to wait,
         or None when the claim found nothing and the loop should ask when the next
         delivery is due (then next_due)."""
         self.busy = bool(claims)
-        self.lane.claimed(claims, wanted)
+        self.lane.claimed(claims, wanted, self.asked)
         if len(claims) >= wanted:
             self.claim_due = True  # a full claim: more may be due
             self.drained = False

@@ -12,10 +12,12 @@ from psycopg_pool import AsyncConnectionPool
 
 from service.db import query
 from service.store import Store
-from service.worker.delivery import Claim, Outcome, claim, claim_params, release
+from service.worker.delivery import Claim, Outcome, release
 from service.worker.fanout import drain_outbox
+from service.worker.pacing import claim_params
 from service.worker.pruning import prune
 from service.worker.recorder import record
+from tests.support.claims import claim
 from tests.support.subscriptions import subscribe
 from tests.support.worker import open_pool
 
@@ -218,7 +220,7 @@ async def test_the_lane_walks_the_queues_in_turn_and_finds_those_with_due_delive
     params = claim_params(limit=10, per_target=100, busy={sids[2]: 98}, lease=60.0, scan=1,
                           lane=lane)
     params["scan"] = 1
-    got = await store.claim(Claim, **params)
+    got = await store.claim(Claim, params)
     assert sorted(c.id for c in got) == sorted([ids[sids[1]][0], *ids[sids[0]][1:],
                                                 *ids[sids[2]][:2]])
     # Everything due again (as when leases expire): a degraded queue gives one, and each
@@ -227,5 +229,5 @@ async def test_the_lane_walks_the_queues_in_turn_and_finds_those_with_due_delive
     params = claim_params(limit=4, per_target=100, busy={}, lease=60.0, scan=1,
                           degraded=[sids[0]], lane=lane)
     params["scan"] = 1
-    got = await store.claim(Claim, **params)
+    got = await store.claim(Claim, params)
     assert sorted(c.id for c in got) == sorted([ids[sids[0]][0], *ids[sids[2]][:2]])

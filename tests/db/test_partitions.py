@@ -17,9 +17,10 @@ import pytest
 from service import db
 from service.store import QUEUE_SETTINGS, Store, make_pool
 from service.worker import pruning
-from service.worker.delivery import claim, claim_params
 from service.worker.fanout import fanout_params
+from service.worker.pacing import claim_params
 from service.worker.pruning import prune
+from tests.support.claims import claim
 from tests.support.schema import migrate_to
 from tests.support.worker import open_pool, running_worker
 

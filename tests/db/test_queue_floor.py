@@ -13,7 +13,9 @@ from datetime import datetime
 import psycopg
 
 from service.store import Store
-from service.worker.delivery import Claim, claim_params
+from service.store.worker import ClaimParams
+from service.worker.delivery import Claim
+from service.worker.pacing import claim_params
 from tests.db.test_partitions import (
     CLAIM_ALL,
     partitions,
@@ -103,15 +105,15 @@ async def test_a_claim_past_a_lowered_floor_claims_nothing_until_the_floor_is_re
     async with open_pool(db_url) as pool:
         store = Store(pool)
 
-        def params(since: datetime | None) -> dict[str, object]:
-            return dict(claim_params(limit=10, per_target=10, busy={}, lease=60.0, scan=100,
-                                     since=since))
+        def params(since: datetime | None) -> ClaimParams:
+            return claim_params(limit=10, per_target=10, busy={}, lease=60.0, scan=100,
+                                since=since)
 
-        assert await store.claim(Claim, **params(since)) == []  # type: ignore[arg-type]
+        assert await store.claim(Claim, params(since)) == []
         wait, lowered = await store.next_due(saturated=[], saturated_owners=[])
         assert wait is not None and wait <= 0
         assert lowered == created
-        claimed = await store.claim(Claim, **params(lowered))  # type: ignore[arg-type]
+        claimed = await store.claim(Claim, params(lowered))
         assert len(claimed) == 2 and old in {c.id for c in claimed}
 
 

@@ -14,7 +14,8 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from service.store import Store
-from service.worker.delivery import Claim, claim
+from service.worker.delivery import Claim
+from tests.support.claims import claim
 from tests.support.subscriptions import subscribe
 from tests.support.worker import open_pool
 

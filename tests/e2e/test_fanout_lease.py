@@ -13,6 +13,7 @@ from service.store import Store
 from service.store.worker import ClaimParams
 from service.worker import delivery
 from service.worker.fanout import FanoutBatch, fanout_params
+from service.worker.pacing import claim_params
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe
 from tests.support.worker import add_invoice, open_pool, poll, running_worker
@@ -21,9 +22,9 @@ from tests.support.worker import add_invoice, open_pool, poll, running_worker
 def lease(limit: int = 10, per_target: int = 8, busy: dict[int, int] | None = None,
           degraded: tuple[int, ...] = (), per_owner: int | None = None,
           busy_owners: dict[str, int] | None = None) -> ClaimParams:
-    return delivery.claim_params(limit=limit, per_target=per_target, busy=busy or {},
-                                 lease=60.0, scan=100, degraded=degraded,
-                                 per_owner=per_owner, busy_owners=busy_owners)
+    return claim_params(limit=limit, per_target=per_target, busy=busy or {}, lease=60.0,
+                        scan=100, degraded=degraded, per_owner=per_owner,
+                        busy_owners=busy_owners)
 
 
 async def fan_out(db_url: str, claim: ClaimParams) -> FanoutBatch:

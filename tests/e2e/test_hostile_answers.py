@@ -24,6 +24,7 @@ from service.worker import delivery
 from service.worker.delivery import BODY_LIMIT
 from service.worker.fanout import drain_outbox
 from service.worker.recorder import Recorder
+from tests.support.claims import claim
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe, subscription
 from tests.support.worker import add_invoice, make_settings, open_pool, poll, running_worker
@@ -191,7 +192,7 @@ async def test_a_batch_that_fails_is_split_and_the_rest_recorded(
     settings = make_settings(db_url)
     async with open_pool(db_url) as pool:
         await drain_outbox(Store(pool), 1000)
-        claims = await delivery.claim(Store(pool), limit=100, per_target=100, busy={}, lease=60.0,
+        claims = await claim(Store(pool), limit=100, per_target=100, busy={}, lease=60.0,
                                       scan=100)
         assert len(claims) == 9
         outcomes = [delivery.decide(c, settings, status=500, retry_after=None,

@@ -10,7 +10,7 @@ import pytest
 
 from service.store import Store, StoreRejected
 from service.store.worker import ClaimParams
-from service.worker import delivery, loop
+from service.worker import delivery, loop, pacing
 from service.worker.delivery import Claim
 from service.worker.fanout import FanoutBatch, fanout_params
 from tests.support.receivers import Receiver
@@ -19,7 +19,7 @@ from tests.support.worker import add_invoice, maintained, open_pool, poll, runni
 
 
 def claim_params(limit: int = 10) -> ClaimParams:
-    return delivery.claim_params(limit=limit, per_target=8, busy={}, lease=60.0, scan=100)
+    return pacing.claim_params(limit=limit, per_target=8, busy={}, lease=60.0, scan=100)
 
 
 async def test_the_claim_takes_the_deliveries_the_fan_out_made(

@@ -12,8 +12,8 @@ from psycopg.adapt import PyFormat, Transformer
 
 from service.store.base import one_signature
 from service.store.worker import ClaimParams
-from service.worker import delivery
 from service.worker.fanout import drain_outbox, fanout_params
+from service.worker.pacing import claim_params
 from tests.support.subscriptions import subscribe
 from tests.support.worker import running_worker
 
@@ -29,7 +29,7 @@ def test_the_claim_and_the_fan_out_have_one_signature_whatever_their_values(
         conn: psycopg.Connection) -> None:
     def claim(busy: dict[int, int], owners: dict[str, int],
               since: datetime | None) -> ClaimParams:
-        return delivery.claim_params(
+        return claim_params(
             limit=100, per_target=4, busy=busy, lease=60.0, scan=100, degraded=list(busy),
             per_owner=8, busy_owners=owners, lane={7: datetime(2026, 1, 1, tzinfo=UTC)},
             since=since)

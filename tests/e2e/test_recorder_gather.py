@@ -15,6 +15,7 @@ from service.worker import delivery
 from service.worker.delivery import Claim, Outcome
 from service.worker.fanout import drain_outbox
 from service.worker.recorder import Recorder
+from tests.support.claims import claim
 from tests.support.subscriptions import subscribe
 from tests.support.worker import make_settings, open_pool, poll
 
@@ -31,7 +32,7 @@ async def claimed(pool: AsyncConnectionPool, conn: psycopg.Connection, rows: int
                  " SELECT 'G' || g, 'c', 1 FROM generate_series(1, %s) g", (rows,))
     store = Store(pool)
     await drain_outbox(store, 1000)
-    return await delivery.claim(store, limit=100, per_target=100, busy={}, lease=60.0, scan=100)
+    return await claim(store, limit=100, per_target=100, busy={}, lease=60.0, scan=100)
 
 
 async def written_alone(pool: AsyncConnectionPool, outcome: Outcome, *,
