@@ -8,15 +8,12 @@ from typing import Any
 
 from litestar import Request
 from litestar.datastructures import State
-from litestar.di import NamedDependency
 
 from service import tokens
+from service.api.deps import StoreDep
 from service.api.errors import AUTHENTICATE, ApiError
 from service.api.ratelimit import RateLimiter, retry_after
-from service.store import Store
 from service.tokens import Principal
-
-StoreDep = NamedDependency[Store]
 
 # One message for every token that is not a valid one (malformed, wrong length, unknown,
 # revoked), so answers tell an attacker nothing about how close a guess came.

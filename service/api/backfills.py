@@ -13,22 +13,15 @@ from typing import Annotated, Any
 
 import msgspec
 from litestar import Request, Response, get, post
-from litestar.di import NamedDependency
 from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, RequestBody, Schema
 from litestar.params import Parameter
 
 from service.api.deliveries import _subscription
+from service.api.deps import IdPath, PrincipalDep, SettingsDep, StoreDep
 from service.api.errors import ApiError, error_responses
 from service.api.models import parse_id, parse_limit, parse_object, shown
-from service.config import Settings
-from service.store import Store, StoreRejected
-from service.tokens import Principal
+from service.store import StoreRejected
 
-StoreDep = NamedDependency[Store]
-PrincipalDep = NamedDependency[Principal]
-SettingsDep = NamedDependency[Settings]
-
-IdPath = Annotated[str, Parameter(description="subscription id (integer)")]
 BackfillPath = Annotated[str, Parameter(description="backfill id (integer)")]
 
 # SQLSTATEs of sql/backfill.sql: unknown subscription, inactive, one running, nothing to

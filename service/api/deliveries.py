@@ -15,10 +15,10 @@ from urllib.parse import urlencode
 
 import msgspec
 from litestar import Request, Response, get, post
-from litestar.di import NamedDependency
 from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, RequestBody, Schema
 from litestar.params import Parameter
 
+from service.api.deps import IdPath, PrincipalDep, StoreDep
 from service.api.errors import ApiError, error_responses
 from service.api.models import (
     check_fields,
@@ -34,10 +34,6 @@ from service.api.models import (
 from service.store import Store, StoreRejected
 from service.tokens import Principal
 
-StoreDep = NamedDependency[Store]
-PrincipalDep = NamedDependency[Principal]
-
-IdPath = Annotated[str, Parameter(description="subscription id (integer)")]
 DeliveryPath = Annotated[str, Parameter(description="delivery id (integer; the webhook-id "
                                                     "header of its attempts is msg_<id>)")]
 

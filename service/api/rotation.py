@@ -9,31 +9,22 @@ never a secret. Scoping is the subscriptions': another owner's or tenant's id is
 
 from __future__ import annotations
 
-from typing import Annotated, Any, cast
+from typing import Any, cast
 
 from litestar import MediaType, Response, post
-from litestar.di import NamedDependency
-from litestar.params import Parameter
 
 from service.api.checks import verified_secret
+from service.api.deps import (
+    BoxDep,
+    ClientDep,
+    IdPath,
+    MetricsDep,
+    PrincipalDep,
+    SettingsDep,
+    StoreDep,
+)
 from service.api.errors import ApiError, error_responses
-from service.api.handshake import Outbound
-from service.api.metrics import ApiMetrics
 from service.api.models import Subscription, parse_id, shown
-from service.config import Settings
-from service.crypto import SecretBox
-from service.store import Store
-from service.tokens import Principal
-
-# Filled by the app's dependency injection (service/api/app.py).
-StoreDep = NamedDependency[Store]
-PrincipalDep = NamedDependency[Principal]
-ClientDep = NamedDependency[Outbound]
-SettingsDep = NamedDependency[Settings]
-BoxDep = NamedDependency[SecretBox]
-MetricsDep = NamedDependency[ApiMetrics]
-
-IdPath = Annotated[str, Parameter(description="subscription id (integer)")]
 
 _ERRORS = (400, 401, 404, 405, 413, 429, 503)
 _DOCS = {400: "the target did not pass the handshake with the new secret (the old secret "

@@ -8,7 +8,6 @@ from urllib.parse import urlencode
 
 from litestar import MediaType, Request, Response, delete, get, post, put
 from litestar.datastructures import State
-from litestar.di import NamedDependency
 from litestar.params import Parameter
 from psycopg_pool import AsyncConnectionPool
 
@@ -25,9 +24,16 @@ from service.api.checks import (
     too_many,
     verified_secret,
 )
+from service.api.deps import (
+    BoxDep,
+    ClientDep,
+    IdPath,
+    MetricsDep,
+    PrincipalDep,
+    SettingsDep,
+    StoreDep,
+)
 from service.api.errors import ApiError, error_responses
-from service.api.handshake import Outbound
-from service.api.metrics import ApiMetrics
 from service.api.models import (
     CREATE_FIELDS,
     CREATE_OPTIONAL,
@@ -54,20 +60,9 @@ from service.api.models import (
     to_subscription,
 )
 from service.config import Settings
-from service.crypto import SecretBox
 from service.store import Store
-from service.tokens import Principal
 
 Pool = AsyncConnectionPool[Any]
-# Parameters filled by dependency injection (providers in create_app).
-StoreDep = NamedDependency[Store]
-PrincipalDep = NamedDependency[Principal]
-ClientDep = NamedDependency[Outbound]
-SettingsDep = NamedDependency[Settings]
-BoxDep = NamedDependency[SecretBox]
-MetricsDep = NamedDependency[ApiMetrics]
-
-IdPath = Annotated[str, Parameter(description="subscription id (integer)")]
 
 
 # Every operation under /api/v1 documents every error it can answer with, so that the
