@@ -1,4 +1,4 @@
-"""A subscription's adaptive window of deliveries in flight (slots.py uses it)."""
+"""A subscription's adaptive window of deliveries in flight (caps.py adapts it)."""
 
 from __future__ import annotations
 

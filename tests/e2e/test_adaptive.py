@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import psycopg
 from aiohttp import web
 
-from service.worker.slots import INITIAL_WINDOW
+from service.worker.window import INITIAL_WINDOW
 from tests.support.receivers import Behaviour, Received, Receiver
 from tests.support.subscriptions import subscribe
 from tests.support.worker import running_worker

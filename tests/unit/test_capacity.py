@@ -10,6 +10,7 @@ import pytest
 
 from service.config import DELIVERY_BYTES, ConfigError, Settings, ceiling_for
 from service.worker import capacity as capacity_module
+from service.worker.ahead import AHEAD
 from service.worker.capacity import (
     CPU_GROW,
     CPU_HIGH,
@@ -20,7 +21,7 @@ from service.worker.capacity import (
     Sample,
 )
 from service.worker.delivery import Claim
-from service.worker.slots import AHEAD, Slots
+from service.worker.slots import Slots
 
 MB = 1 << 20
 _ids = iter(range(1, 1_000_000))

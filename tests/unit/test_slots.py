@@ -7,8 +7,10 @@ from datetime import UTC, datetime
 import pytest
 
 from service.outcomes import Answer, classify
+from service.worker.ahead import AHEAD
 from service.worker.delivery import Claim, saturated, saturated_owners
-from service.worker.slots import AHEAD, INITIAL_WINDOW, SLOW_FACTOR, Slots
+from service.worker.slots import Slots
+from service.worker.window import INITIAL_WINDOW, SLOW_FACTOR
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 _ids = iter(range(1, 10_000))
