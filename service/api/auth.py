@@ -4,10 +4,12 @@ per-token request rate limit. Handlers receive the result as the `principal` dep
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from litestar import Request
+from litestar.connection import ASGIConnection
 from litestar.datastructures import State
+from litestar.handlers import BaseRouteHandler
 
 from service import tokens
 from service.api.deps import StoreDep
@@ -18,13 +20,29 @@ from service.tokens import Principal
 # One message for every token that is not a valid one (malformed, wrong length, unknown,
 # revoked), so answers tell an attacker nothing about how close a guess came.
 INVALID_TOKEN = "unknown or revoked token"
+# Where a request keeps its admitted principal (its connection state).
+PRINCIPAL = "principal"
 
 
 async def provide_principal(request: Request[Any, Any, Any], store: StoreDep,
                             state: State) -> Principal:
     """The caller named by `Authorization: Bearer <token>`: 401 without a valid token, 429
-    when the token is over its request rate."""
-    return admit(await tokens.authenticate(store, bearer_token(request)), state)
+    when the token is over its request rate. Once per request: a route's guard may have
+    admitted it already (`authenticated`)."""
+    admitted: Principal | None = request.state.get(PRINCIPAL)
+    if admitted is None:
+        admitted = admit(await tokens.authenticate(store, bearer_token(request)), state)
+        request.state[PRINCIPAL] = admitted
+    return admitted
+
+
+async def authenticated(connection: ASGIConnection[Any, Any, Any, Any],
+                        handler: BaseRouteHandler) -> None:
+    """A guard of the routes that take a body (bodies.Body): Litestar decodes a route's
+    `data` before it resolves the `principal` dependency, so the caller is admitted here
+    first, and a request without a valid token is answered 401 whatever its body."""
+    state = connection.app.state
+    await provide_principal(cast(Request[Any, Any, Any], connection), state.store, state)
 
 
 def bearer_token(request: Request[Any, Any, Any]) -> str:

@@ -8,18 +8,18 @@ subscription, or a backfill of another subscription, is 404.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
-from litestar import Request, Response, get, post
-from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, RequestBody, Schema
-from litestar.params import Parameter
+from litestar import Response, get, post
+from litestar.params import JSONBody, Parameter
 
+from service.api.auth import authenticated
+from service.api.bodies import Body
 from service.api.deliveries import _subscription
 from service.api.deps import IdPath, PrincipalDep, SettingsDep, StoreDep
 from service.api.errors import ApiError, error_responses
-from service.api.models import parse_id, parse_limit, parse_object, shown
+from service.api.models import parse_id, parse_limit, shown
 from service.store import StoreRejected
 
 BackfillPath = Annotated[str, Parameter(description="backfill id (integer)")]
@@ -68,25 +68,9 @@ class BackfillStarted(msgspec.Struct):
     status: str
 
 
-BACKFILL_SCHEMA = Schema(
-    title="Backfill request",
-    type=OpenAPIType.OBJECT,
-    additional_properties=False,
-    properties={},
-    description="An empty object: every current row of the subscription's tables is "
-                "delivered, with its tenant scope, excluded columns and filter.",
-    examples=[{}],
-)
-
-
-@dataclass
-class BackfillOperation(Operation):
-    """An OpenAPI operation whose request body is the empty object."""
-
-    def __post_init__(self) -> None:
-        self.request_body = RequestBody(
-            required=True,
-            content={"application/json": OpenAPIMediaType(schema=BACKFILL_SCHEMA)})
+class BackfillRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """An empty object: every current row of the subscription's tables is delivered, with
+    its tenant scope, excluded columns and filter."""
 
 
 def _decode(text: str) -> Backfill:
@@ -95,9 +79,10 @@ def _decode(text: str) -> Backfill:
 
 @post("/webhooks/{webhook_id:str}/backfill",
       summary="Deliver every current row as <noun>.snapshot", status_code=202,
-      operation_class=BackfillOperation, response_description="the backfill, running",
+      dto=Body[BackfillRequest], return_dto=None, guards=[authenticated],
+      response_description="the backfill, running",
       responses=error_responses(*_ERRORS, 409, docs=_DOCS))
-async def start_backfill(webhook_id: IdPath, request: Request[Any, Any, Any],
+async def start_backfill(webhook_id: IdPath, data: JSONBody[BackfillRequest],
                          principal: PrincipalDep, store: StoreDep,
                          settings: SettingsDep) -> BackfillStarted:
     """Starts delivering every current row of the attached tables whose events the
@@ -106,10 +91,6 @@ async def start_backfill(webhook_id: IdPath, request: Request[Any, Any, Any],
     409 while the subscription is inactive, a backfill of it is running, or its owner
     runs as many backfills as it may (WEBHOOKS_MAX_BACKFILLS_PER_OWNER)."""
     sub = await _subscription(store, webhook_id, principal)
-    body = parse_object(await request.body())
-    for name in body:
-        raise ApiError(400, f"unknown field {shown(name)}: a backfill takes no options, "
-                            "send {}")
     # A table turned into something else (a view, a foreign partition, no key) since it
     # was attached is forgotten here, in a transaction of its own, and nothing is read.
     problem = await store.unreadable_table(subscription_id=sub["id"])

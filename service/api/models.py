@@ -23,6 +23,7 @@ from litestar.openapi.spec import (
     SecurityScheme,
 )
 
+from service.api.bodies import json_type, shown
 from service.api.errors import ApiError
 from service.events import format_events
 
@@ -30,7 +31,6 @@ BIGINT_MAX = 2**63 - 1
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 100
 _DIGITS = re.compile(r"^[0-9]{1,19}$")
-_SHOWN = 60
 
 
 class Subscription(msgspec.Struct):
@@ -82,26 +82,6 @@ def to_subscription(row: dict[str, Any]) -> Subscription:
         filter=row.get("filter"), ordering=row.get("ordering", "unordered"),
         inactive_reason=row.get("inactive_reason"),
     )
-
-
-def shown(text: str) -> str:
-    """A client-supplied value quoted for a message, cut to a readable length."""
-    return repr(text if len(text) <= _SHOWN else text[:_SHOWN] + "...")
-
-
-def json_type(value: object) -> str:
-    """The JSON name of a decoded value's type, for messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
 
 
 def parse_object(raw: bytes) -> dict[str, Any]:

@@ -19,7 +19,9 @@ from tests.support.api import Api, assert_error, serving
 
 ROUTES = [("GET", "/api/v1/webhooks"), ("POST", "/api/v1/webhooks/"),
           ("GET", "/api/v1/webhooks/1"), ("PUT", "/api/v1/webhooks/1/"),
-          ("DELETE", "/api/v1/webhooks/1"), ("GET", "/api/v1/hook_events")]
+          ("DELETE", "/api/v1/webhooks/1"), ("GET", "/api/v1/hook_events"),
+          # Routes with a body: the token is checked before the body is read.
+          ("POST", "/api/v1/webhooks/1/backfill"), ("POST", "/api/v1/webhooks/1/recover")]
 
 
 async def test_requests_without_a_valid_token_are_401(api: Api) -> None:

@@ -488,6 +488,8 @@ async def test_the_openapi_document_describes_backfills(api: Api) -> None:
     start = doc["paths"]["/api/v1/webhooks/{webhook_id}/backfill"]["post"]
     assert {"202", "400", "404", "409"} <= set(start["responses"])
     body = start["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/BackfillRequest"}
+    body = doc["components"]["schemas"]["BackfillRequest"]
     assert body["additionalProperties"] is False and body["properties"] == {}
     one = doc["paths"]["/api/v1/webhooks/{webhook_id}/backfills/{backfill_id}"]["get"]
     assert one["responses"]["200"]["content"]["application/json"]["schema"] == {
