@@ -10,6 +10,7 @@ worded from the declared type; the handler of validation errors in errors.py ans
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -94,6 +95,8 @@ class Body(MsgspecDTO[T]):
         schema.additional_properties = False
         schema.required = schema.required or None  # no field is required: no list
         schema.description = " ".join((cls.model_type.__doc__ or "").split()) or None
+        for prop in (schema.properties or {}).values():
+            _fold_single_choice(prop)
         return result
 
     def decode_bytes(self, value: bytes) -> T:
@@ -102,6 +105,19 @@ class Body(MsgspecDTO[T]):
             return msgspec.json.decode(value, type=self.model_type)
         except (msgspec.DecodeError, RecursionError) as exc:  # ValidationError included
             raise BodyRefused(self.model_type, value, exc) from None
+
+
+def _fold_single_choice(schema: Schema | Reference) -> None:
+    """A field that may be left out (`X | UnsetType`) is described as X, not as a oneOf of
+    X alone (Litestar leaves UNSET out of the choices)."""
+    if not isinstance(schema, Schema) or not schema.one_of or len(schema.one_of) != 1:
+        return
+    [only] = schema.one_of
+    if isinstance(only, Schema):
+        schema.one_of = None
+        for field in dataclasses.fields(only):
+            if getattr(schema, field.name) is None:
+                setattr(schema, field.name, getattr(only, field.name))
 
 
 def refusal(body_type: type[msgspec.Struct] | None, raw: bytes, error: Exception | None

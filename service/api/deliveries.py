@@ -8,27 +8,25 @@ another owner's or tenant's subscription, or a delivery of another subscription,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
 import msgspec
 from litestar import Request, Response, get, post
-from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, RequestBody, Schema
-from litestar.params import Parameter
+from litestar.params import JSONBody, Parameter
+from msgspec import UNSET, Meta, UnsetType
 
+from service.api.auth import authenticated
+from service.api.bodies import Body, Text
 from service.api.deps import IdPath, PrincipalDep, StoreDep
 from service.api.errors import ApiError, error_responses
 from service.api.models import (
-    check_fields,
     check_single,
     parse_id,
     parse_limit,
-    parse_object,
     query_text,
     shown,
-    string_field,
     timestamp,
 )
 from service.store import Store, StoreRejected
@@ -185,31 +183,14 @@ def _requeue_error(exc: StoreRejected, subscription_id: int, what: str) -> ApiEr
     raise exc
 
 
-# --- OpenAPI: the recover body is parsed by hand, so its schema is declared here -------
+class Recover(msgspec.Struct, forbid_unknown_fields=True):
+    """The window of a recover: its failed deliveries created in [since, until)."""
 
-RECOVER_SCHEMA = Schema(
-    title="Recover",
-    type=OpenAPIType.OBJECT,
-    required=["since"],
-    additional_properties=False,
-    properties={
-        "since": Schema(type=OpenAPIType.STRING,
-                        description="RFC 3339: failed deliveries created at or after this "
-                                    "time are queued again", examples=["2026-11-20T08:00:00Z"]),
-        "until": Schema(type=OpenAPIType.STRING,
-                        description="RFC 3339: and before this time (default: now)",
-                        examples=["2026-11-22T08:00:00Z"]),
-    },
-)
-
-
-@dataclass
-class RecoverOperation(Operation):
-    """An OpenAPI operation whose request body is Recover."""
-
-    def __post_init__(self) -> None:
-        self.request_body = RequestBody(
-            required=True, content={"application/json": OpenAPIMediaType(schema=RECOVER_SCHEMA)})
+    since: Annotated[Text, Meta(
+        description="RFC 3339: failed deliveries created at or after this time are queued "
+                    "again", examples=["2026-11-20T08:00:00Z"])]
+    until: Annotated[Text, Meta(description="RFC 3339: and before this time (default: now)",
+                                examples=["2026-11-22T08:00:00Z"])] | UnsetType = UNSET
 
 
 # --- routes -------------------------------------------------------------------------
@@ -298,17 +279,16 @@ async def redeliver(webhook_id: IdPath, delivery_id: DeliveryPath, principal: Pr
 
 @post("/webhooks/{webhook_id:str}/recover",
       summary="Queue a window's failed deliveries again, in event order", status_code=202,
-      operation_class=RecoverOperation, response_description="how many were queued again",
+      dto=Body[Recover], return_dto=None, guards=[authenticated],
+      response_description="how many were queued again",
       responses=error_responses(*_REQUEUE_ERRORS, docs=_DOCS))
-async def recover(webhook_id: IdPath, request: Request[Any, Any, Any], principal: PrincipalDep,
+async def recover(webhook_id: IdPath, data: JSONBody[Recover], principal: PrincipalDep,
                   store: StoreDep) -> Requeued:
     """Every failed delivery created in [since, until) becomes pending and due now, keeping
     its id; 409 while the subscription is inactive."""
     sub = await _subscription(store, webhook_id, principal)
-    body = parse_object(await request.body())
-    check_fields(body, ("since", "until"), ("since",))
-    since = parse_time("since", string_field(body, "since"))
-    until = parse_time("until", string_field(body, "until")) if "until" in body else None
+    since = parse_time("since", data.since)
+    until = parse_time("until", data.until) if isinstance(data.until, str) else None
     if until is not None and until <= since:
         raise ApiError(400, "until must be later than since")
     try:
