@@ -1,4 +1,4 @@
-"""The worker's HTTP client (service/curl.py) against real servers on 127.0.0.1: what it
+"""The worker's HTTP client (service/curl/) against real servers on 127.0.0.1: what it
 never does (follow redirects, use a proxy, keep cookies, connect where the guard says no,
 trust a certificate no CA signed, read more than its limits) and that it stays usable
 after a cancelled or failed POST."""
@@ -25,7 +25,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from service.curl import MAX_HEADER_BYTES, AttemptError, CurlClient
+from service.curl import AttemptError, CurlClient
+from service.curl.transfer import MAX_HEADER_BYTES
 from service.ssrf import TargetRejected
 from tests.support.receivers import Received, Receiver, status
 

@@ -1,4 +1,4 @@
-"""https targets through the worker's HTTP client (service/curl.py): certificates verified
+"""https targets through the worker's HTTP client (service/curl/): certificates verified
 against the system's CAs plus WEBHOOKS_CA_BUNDLE's, connections kept open and reused per
 host, and a new connection to a host resuming the TLS session of an earlier one."""
 
