@@ -1,7 +1,7 @@
 """Subscription filters: checked once at create, compiled to one SQL/JSON
 path predicate that fan-out evaluates in Postgres for each change
-(webhooks.filter_passes in sql/fanout.sql), and the same semantics in plain Python
-(`evaluate`), which the tests compare against Postgres on random rows and filters.
+(webhooks.filter_passes in sql/fanout.sql). The tests compare it against the same
+semantics in plain Python (tests/support/filters.py) on random rows and filters.
 
 A filter is a JSON object; every condition must hold. A key is a column of the row as
 sent; its value is a scalar (equality) or an object with one operator:
@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from decimal import Decimal
 from typing import Any
 
 OPERATORS = ("eq", "ne", "gt", "gte", "lt", "lte", "in", "nin", "exists")
@@ -203,62 +202,3 @@ def compile_path(filter_: Mapping[str, Any]) -> str | None:
         return None
     return "strict $ ? (" + " && ".join(_condition(c, v) for c, v in filter_.items()) + ")"
 
-
-# --- the same semantics in Python (the tests' reference) ----------------------------
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float, Decimal)) and not isinstance(value, bool)
-
-
-def _equal(a: Any, b: Any) -> bool:
-    if _number(a) and _number(b):
-        return Decimal(str(a)) == Decimal(str(b))
-    if isinstance(a, bool) or isinstance(b, bool):
-        return isinstance(a, bool) and isinstance(b, bool) and a == b
-    if a is None or b is None:
-        return a is None and b is None
-    if isinstance(a, str) and isinstance(b, str):
-        return a == b
-    return False
-
-
-def _order(a: Any, b: Any) -> int | None:
-    if _number(a) and _number(b):
-        x, y = Decimal(str(a)), Decimal(str(b))
-    elif isinstance(a, str) and isinstance(b, str):
-        x, y = a, b  # type: ignore[assignment]
-    else:
-        return None
-    return (x > y) - (x < y)
-
-
-def evaluate(filter_: Mapping[str, Any], row: Mapping[str, Any],
-             changed: Sequence[str] | None) -> bool:
-    """Whether a change passes: `row` as sent, `changed` None unless an update."""
-    for column, condition in filter_.items():
-        if column == CHANGED:
-            if changed is not None and not set(condition) & set(changed):
-                return False
-            continue
-        if column not in row:
-            return False
-        value = row[column]
-        if _scalar(condition):
-            condition = {"eq": condition}
-        ((op, wanted),) = condition.items()
-        if op == "exists":
-            ok = (value is not None) == wanted
-        elif op in ("in", "nin"):
-            found = any(_equal(value, w) for w in wanted)
-            ok = found if op == "in" else not found
-        elif op == "eq":
-            ok = _equal(value, wanted)
-        elif op == "ne":
-            ok = not _equal(value, wanted)
-        else:
-            order = _order(value, wanted)
-            ok = order is not None and {"gt": order > 0, "gte": order >= 0,
-                                        "lt": order < 0, "lte": order <= 0}[op]
-        if not ok:
-            return False
-    return True

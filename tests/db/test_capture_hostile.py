@@ -14,8 +14,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from service.filters import compile_path
 from service.store import Store
-from service.worker.fanout import drain_outbox
 from tests.db.test_capture import outbox
+from tests.support.fanout import drain_outbox
 from tests.support.subscriptions import subscribe, subscribe_to
 from tests.support.worker import open_pool
 

@@ -13,11 +13,11 @@ from psycopg_pool import AsyncConnectionPool
 from service.db import query
 from service.store import Store
 from service.worker.delivery import Claim, Outcome, release
-from service.worker.fanout import drain_outbox
 from service.worker.pacing import claim_params
 from service.worker.pruning import prune
 from service.worker.recorder import record
 from tests.support.claims import claim
+from tests.support.fanout import drain_outbox
 from tests.support.subscriptions import subscribe
 from tests.support.worker import open_pool
 

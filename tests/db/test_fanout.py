@@ -11,7 +11,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from service.db import conninfo, query
 from service.store import Store
-from service.worker.fanout import FANOUT_LOCK, drain_outbox, fan_out_batch, fanout_params
+from service.worker.fanout import FANOUT_LOCK, fan_out_batch, fanout_params
+from tests.support.fanout import drain_outbox
 from tests.support.subscriptions import subscribe, subscribe_to
 from tests.support.worker import add_invoice, open_pool
 

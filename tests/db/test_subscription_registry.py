@@ -14,7 +14,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from service.store import Store
-from service.worker.fanout import drain_outbox
+from tests.support.fanout import drain_outbox
 from tests.support.subscriptions import subscribe_many, subscribe_to
 from tests.support.worker import open_pool
 

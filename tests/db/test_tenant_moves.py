@@ -12,7 +12,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from service.store import Store
-from service.worker.fanout import drain_outbox
+from tests.support.fanout import drain_outbox
 from tests.support.subscriptions import subscribe
 
 EVENTS = ["order.create", "order.update", "order.delete"]

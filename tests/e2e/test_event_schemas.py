@@ -13,8 +13,8 @@ import psycopg
 import pytest
 
 from service.store import Store
-from service.worker.fanout import drain_outbox
 from tests.support.api import Api
+from tests.support.fanout import drain_outbox
 from tests.support.subscriptions import subscribe
 from tests.support.worker import open_pool, running_worker
 

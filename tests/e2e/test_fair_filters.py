@@ -15,8 +15,9 @@ from psycopg_pool import AsyncConnectionPool
 from service import filters
 from service.db import query
 from service.store import Store
-from service.worker.fanout import drain_outbox, fanout_params
+from service.worker.fanout import fanout_params
 from tests.support.api import Api, api_for, assert_error
+from tests.support.fanout import drain_outbox
 from tests.support.subscriptions import subscribe_many
 from tests.support.worker import open_pool
 

@@ -15,8 +15,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from service.commands import status
 from service.store import Store
-from service.worker.fanout import drain_outbox
 from tests.support.api import Api, api_for, assert_error
+from tests.support.fanout import drain_outbox
 from tests.support.subscriptions import subscribe, subscription
 from tests.support.worker import open_pool, poll
 

@@ -22,9 +22,9 @@ import pytest
 from service.store import Store
 from service.worker import delivery
 from service.worker.delivery import BODY_LIMIT
-from service.worker.fanout import drain_outbox
 from service.worker.recorder import Recorder
 from tests.support.claims import claim
+from tests.support.fanout import drain_outbox
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe, subscription
 from tests.support.worker import add_invoice, make_settings, open_pool, poll, running_worker

@@ -9,7 +9,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from service.store import Store
-from service.worker.fanout import drain_outbox
+from tests.support.fanout import drain_outbox
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe
 from tests.support.worker import add_invoice, running_worker

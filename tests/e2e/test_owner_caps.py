@@ -10,8 +10,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from service.config import ConfigError, Settings
 from service.store import Store
-from service.worker.fanout import drain_outbox
 from tests.support.claims import claim
+from tests.support.fanout import drain_outbox
 from tests.support.receivers import Receiver, hanging_receiver
 from tests.support.subscriptions import subscribe
 from tests.support.worker import add_invoice, poll, running_worker

@@ -12,8 +12,9 @@ from psycopg.adapt import PyFormat, Transformer
 
 from service.store.base import one_signature
 from service.store.worker import ClaimParams
-from service.worker.fanout import drain_outbox, fanout_params
+from service.worker.fanout import fanout_params
 from service.worker.pacing import claim_params
+from tests.support.fanout import drain_outbox
 from tests.support.subscriptions import subscribe
 from tests.support.worker import running_worker
 

@@ -13,9 +13,9 @@ from psycopg_pool import AsyncConnectionPool
 from service.store import Store
 from service.worker import delivery
 from service.worker.delivery import Claim, Outcome
-from service.worker.fanout import drain_outbox
 from service.worker.recorder import Recorder
 from tests.support.claims import claim
+from tests.support.fanout import drain_outbox
 from tests.support.subscriptions import subscribe
 from tests.support.worker import make_settings, open_pool, poll
 

@@ -11,8 +11,8 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from service.store import Store
-from service.worker.fanout import drain_outbox
 from tests.support.api import Api
+from tests.support.fanout import drain_outbox
 from tests.support.subscriptions import subscribe
 from tests.support.worker import add_invoice, open_pool
 
