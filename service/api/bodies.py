@@ -195,7 +195,7 @@ def phrase(kind: Any, arrays: bool = False) -> str:
         item = phrase(kind.item_type)
         return "an array of " + ("strings" if item == "a string" else "values")
     if isinstance(kind, inspect.LiteralType):
-        return "one of " + ", ".join(str(v) for v in kind.values)
+        return "one of " + ", ".join(sorted(str(v) for v in kind.values))
     return _WORDS.get(type(kind), "a valid value")
 
 

@@ -1,29 +1,20 @@
-"""What the API reads and writes: request parsing with exact messages, response shapes.
-
-Request bodies are parsed here from raw bytes rather than by Litestar, so that every
-mistake gets a message naming the field and the problem, in the order the API promises.
+"""What the API reads and writes: the request bodies of the subscriptions (declared types,
+decoded by service.api.bodies.Body), query and path parameters parsed with exact
+messages, and the response shapes.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
-from litestar.openapi.spec import (
-    Components,
-    OpenAPIMediaType,
-    OpenAPIType,
-    Operation,
-    RequestBody,
-    Schema,
-    SecurityScheme,
-)
+from litestar.openapi.spec import Components, SecurityScheme
+from msgspec import UNSET, Meta, UnsetType
 
-from service.api.bodies import json_type, shown
+from service.api.bodies import EventName, Text, shown
 from service.api.errors import ApiError
 from service.events import format_events
 
@@ -80,69 +71,8 @@ def to_subscription(row: dict[str, Any]) -> Subscription:
         last_failure_at=timestamp(row["last_failure_at"]),
         last_failure_content=row["last_failure_content"],
         filter=row.get("filter"), ordering=row.get("ordering", "unordered"),
-        inactive_reason=row.get("inactive_reason"),
+        inactive_reason=row.get("inactive_reason"), rate_limit=row.get("rate_limit"),
     )
-
-
-def parse_object(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object; 400 for an empty, malformed or non-object body."""
-    if not raw.strip():
-        raise ApiError(400, "request body is empty: send a JSON object")
-    try:
-        value = msgspec.json.decode(raw)
-    except (msgspec.DecodeError, ValueError, RecursionError) as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise ApiError(400, f"request body must be a JSON object, not {json_type(value)}")
-    return value
-
-
-def check_fields(body: dict[str, Any], allowed: tuple[str, ...], required: tuple[str, ...]
-                 ) -> None:
-    """400 for the first unknown field, then for the first missing required one."""
-    for name in body:
-        if name not in allowed:
-            raise ApiError(400, f"unknown field {shown(name)}; allowed fields: "
-                                f"{', '.join(allowed)}")
-    for name in required:
-        if name not in body:
-            raise ApiError(400, f"missing field {name!r}")
-
-
-def string_field(body: dict[str, Any], name: str) -> str:
-    """The field as a string without NUL characters (Postgres text cannot hold them)."""
-    value = body[name]
-    if not isinstance(value, str):
-        raise ApiError(400, f"field {name!r} must be a string, not {json_type(value)}")
-    if "\x00" in value:
-        raise ApiError(400, f"field {name!r} must not contain NUL characters")
-    return value
-
-
-def events_field(body: dict[str, Any]) -> str:
-    """`events` as the comma-separated text the registry parses: a string
-    ("invoice.create,invoice.update") or an array of strings (["invoice.create", ...])."""
-    value = body["events"]
-    if not isinstance(value, list):
-        if not isinstance(value, str):
-            raise ApiError(400, "field 'events' must be a string or an array of strings, "
-                                f"not {json_type(value)}")
-        return string_field(body, "events")
-    for item in value:
-        if not isinstance(item, str):
-            raise ApiError(400, "field 'events' must be an array of strings; it holds "
-                                f"{json_type(item)}")
-        if "," in item or "\x00" in item:
-            raise ApiError(400, f"field 'events': each item names one event, not {shown(item)}")
-    return ",".join(value)
-
-
-def bool_field(body: dict[str, Any], name: str) -> bool:
-    """The field as a JSON boolean (1 and "true" are not booleans)."""
-    value = body[name]
-    if not isinstance(value, bool):
-        raise ApiError(400, f"field {name!r} must be true or false, not {json_type(value)}")
-    return value
 
 
 def query_text(name: str, value: str | None) -> str | None:
@@ -196,156 +126,93 @@ def parse_active(text: str | None) -> bool | None:
     return text == "true"
 
 
-CREATE_FIELDS = ("resource", "events", "target")
-CREATE_OPTIONAL = ("filter", "ordering", "rate_limit")
 # A subscription's rate limit: POSTs per second (docs/api.md, "Rate limits").
 RATE_LIMITS = (1, 10_000)
-ORDERINGS = ("unordered", "strict")
-UPDATE_FIELDS = ("active", "id", "resource", "events", "target", "last_status",
-                 "last_success_at", "last_failure_at", "last_failure_content", "filter",
-                 "ordering", "inactive_reason", "rate_limit")
-# id, resource, events and target may be repeated in a PUT but not changed. The status
-# fields, which the worker changes at any time, may be sent too (a client sending back what
-# it read) and are ignored, since comparing them would race the worker.
-STATUS_FIELDS = ("last_status", "last_success_at", "last_failure_at", "last_failure_content",
-                 "inactive_reason")
+Ordering = Annotated[Literal["unordered", "strict"], Meta(
+    description="strict: one delivery in flight at a time, in event order; default unordered")]
+Events = Annotated[Text | Annotated[list[EventName], Meta(min_length=1)], Meta(
+    description="event names, comma-separated or as an array: full (invoice.create), bare "
+                "verbs of the resource's own noun (create), destroy as an alias of delete; "
+                "an array holds at least one name, none with a comma",
+    examples=["invoice.create,payment.create", ["invoice.create", "payment.create"]])]
+Filter = Annotated[dict[str, Any], Meta(
+    description="conditions on the row, all of which must hold (SPEC section 9): column: "
+                "scalar (equality) or {op: value} with op one of eq, ne, gt, gte, lt, lte, in, "
+                'nin (arrays), exists (true/false); "$changed": [columns] passes an update '
+                "only when one changed",
+    examples=[{"status": "paid", "amount": {"gte": 100}, "$changed": ["status"]}])]
+RateLimit = Annotated[int, Meta(
+    ge=RATE_LIMITS[0], le=RATE_LIMITS[1],
+    description="POSTs per second to the target at most, across every worker (first attempts, "
+                "retries, redeliveries, test events, backfills); deliveries beyond it wait. "
+                "null: no limit (the default)")]
 
 
-def rate_limit_field(body: dict[str, Any]) -> int | None:
-    """`rate_limit`: an integer from 1 to 10,000, or null for none."""
-    value = body.get("rate_limit")
-    low, high = RATE_LIMITS
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ApiError(400, f"field 'rate_limit' must be an integer from {low} to {high:,} "
-                            f"(POSTs per second) or null, not {shown(str(value))}")
-    return value
+class CreateSubscription(msgspec.Struct, forbid_unknown_fields=True):
+    """A new subscription: a resource's events, the target they are POSTed to, and
+    optionally a filter, an ordering and a rate limit."""
+
+    resource: Annotated[Text, Meta(description="a resource of /hook_events",
+                                   examples=["invoices"])]
+    events: Events
+    target: Annotated[Text, Meta(
+        description="http(s) URL that answers the verification POST with 200 and the same "
+                    "X-Hook-Secret header", examples=["https://example.com/hooks"])]
+    filter: Filter | None = None
+    ordering: Ordering = "unordered"
+    rate_limit: RateLimit | None = None
 
 
-def check_unchanged(body: dict[str, Any], current: Subscription, names: list[str] | None
+class UpdateSubscription(msgspec.Struct, forbid_unknown_fields=True):
+    """active, target and/or rate_limit; a field left out keeps its value. A new target
+    moves the subscription after the verification handshake with a newly made secret, which
+    then signs (the old one beside it for the rotation overlap); id and log stay. id,
+    resource, events, filter and ordering may be sent with their current values; the last_*
+    fields and inactive_reason are read-only and ignored (a client may send back what it
+    read)."""
+
+    active: bool | UnsetType = UNSET
+    id: int | UnsetType = UNSET
+    resource: Text | UnsetType = UNSET
+    events: Events | UnsetType = UNSET
+    target: Text | UnsetType = UNSET
+    # The status fields, which the worker changes at any time, are checked for their type
+    # only: comparing them would race the worker.
+    last_status: int | UnsetType | None = UNSET
+    last_success_at: str | UnsetType | None = UNSET
+    last_failure_at: str | UnsetType | None = UNSET
+    last_failure_content: str | UnsetType | None = UNSET
+    filter: Filter | UnsetType | None = UNSET
+    ordering: Ordering | UnsetType = UNSET
+    inactive_reason: str | UnsetType | None = UNSET
+    rate_limit: RateLimit | UnsetType | None = UNSET
+
+
+def events_text(events: str | list[str]) -> str:
+    """`events` as the comma-separated text the registry parses: the string as it is, or
+    the array's names joined."""
+    return events if isinstance(events, str) else ",".join(events)
+
+
+def check_unchanged(body: UpdateSubscription, current: Subscription, names: list[str] | None
                     ) -> None:
     """400 naming the first fixed field whose value differs from the current one.
 
     `names` are the canonical events the body names, compared as a set with the stored ones.
     """
-    if "id" in body:
-        value = body["id"]
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ApiError(400, f"field 'id' must be an integer, not {json_type(value)}")
-        if value != current.id:
-            raise ApiError(400, "field 'id' cannot be changed")
-    for name in ("resource",):
-        if name in body and string_field(body, name) != getattr(current, name):
-            raise ApiError(400, f"field {name!r} cannot be changed; create a new webhook "
-                                "and delete this one instead")
-    if names is not None and set(names) != set(current.events.split(",")):
-        raise ApiError(400, "field 'events' cannot be changed; create a new webhook and "
-                            "delete this one instead")
-    if "filter" in body and body["filter"] != current.filter:
-        raise ApiError(400, "field 'filter' cannot be changed; create a new webhook and "
-                            "delete this one instead")
-    if "ordering" in body and body["ordering"] != current.ordering:
-        raise ApiError(400, "field 'ordering' cannot be changed; create a new webhook and "
-                            "delete this one instead")
-    for name in STATUS_FIELDS:
-        value = body.get(name)
-        wanted, kind = (int, "an integer") if name == "last_status" else (str, "a string")
-        if value is not None and (isinstance(value, bool) or not isinstance(value, wanted)):
-            raise ApiError(400, f"field {name!r} must be {kind} or null")
+    if not isinstance(body.id, UnsetType) and body.id != current.id:
+        raise ApiError(400, "field 'id' cannot be changed")
+    fixed = [("resource", body.resource, current.resource),
+             ("events", UNSET if names is None else set(names), set(current.events.split(","))),
+             ("filter", body.filter, current.filter), ("ordering", body.ordering, current.ordering)]
+    for name, value, stored in fixed:
+        if not isinstance(value, UnsetType) and value != stored:
+            raise ApiError(400, f"field {name!r} cannot be changed; create a new webhook and "
+                                "delete this one instead")
 
 
-# OpenAPI: the request bodies are parsed by hand above, so their schemas are declared here.
-_STRING = Schema(type=OpenAPIType.STRING)
-EVENTS_SCHEMA = Schema(
-    one_of=[Schema(type=OpenAPIType.STRING),
-            Schema(type=OpenAPIType.ARRAY, items=Schema(type=OpenAPIType.STRING), min_items=1)],
-    description="event names, comma-separated or as an array: full (invoice.create), bare "
-                "verbs of the resource's own noun (create), destroy as an alias of delete",
-    examples=["invoice.create,payment.create", ["invoice.create", "payment.create"]])
-RATE_LIMIT_SCHEMA = Schema(
-    one_of=[Schema(type=OpenAPIType.INTEGER, minimum=RATE_LIMITS[0], maximum=RATE_LIMITS[1]),
-            Schema(type=OpenAPIType.NULL)],
-    description="POSTs per second to the target at most, across every worker (first "
-                "attempts, retries, redeliveries, test events, backfills); deliveries "
-                "beyond it wait. null: no limit (the default)")
-CREATE_SCHEMA = Schema(
-    title="CreateSubscription",
-    type=OpenAPIType.OBJECT,
-    required=["resource", "events", "target"],
-    additional_properties=False,
-    properties={
-        "resource": Schema(type=OpenAPIType.STRING, description="a resource of /hook_events",
-                           examples=["invoices"]),
-        "events": EVENTS_SCHEMA,
-        "target": Schema(type=OpenAPIType.STRING,
-                         description="http(s) URL that answers the verification POST with "
-                                     "200 and the same X-Hook-Secret header",
-                         examples=["https://example.com/hooks"]),
-        "filter": Schema(
-            one_of=[Schema(type=OpenAPIType.OBJECT), Schema(type=OpenAPIType.NULL)],
-            description="conditions on the row, all of which must hold (SPEC section 9): "
-                        "column: scalar (equality) or {op: value} with op one of eq, ne, "
-                        "gt, gte, lt, lte, in, nin (arrays), exists (true/false); "
-                        '"$changed": [columns] passes an update only when one changed',
-            examples=[{"status": "paid", "amount": {"gte": 100}, "$changed": ["status"]}]),
-        "ordering": Schema(type=OpenAPIType.STRING, enum=list(ORDERINGS),
-                           description="strict: one delivery in flight at a time, in event "
-                                       "order; default unordered"),
-        "rate_limit": RATE_LIMIT_SCHEMA,
-    },
-)
-UPDATE_SCHEMA = Schema(
-    title="UpdateSubscription",
-    type=OpenAPIType.OBJECT,
-    additional_properties=False,
-    description="active, target and/or rate_limit; a field left out keeps its value. A "
-                "new target "
-                "moves the subscription after the verification handshake with a newly made "
-                "secret, which then signs (the old one beside it for the rotation overlap); "
-                "id and log stay; id, resource and events may be sent with their current "
-                "values; last_* fields are read-only and ignored.",
-    properties={
-        "active": Schema(type=OpenAPIType.BOOLEAN),
-        "id": Schema(type=OpenAPIType.INTEGER),
-        "resource": _STRING,
-        "events": EVENTS_SCHEMA,
-        "target": _STRING,
-        "last_status": Schema(one_of=[Schema(type=OpenAPIType.INTEGER),
-                                      Schema(type=OpenAPIType.NULL)]),
-        "last_success_at": Schema(one_of=[_STRING, Schema(type=OpenAPIType.NULL)]),
-        "last_failure_at": Schema(one_of=[_STRING, Schema(type=OpenAPIType.NULL)]),
-        "last_failure_content": Schema(one_of=[_STRING, Schema(type=OpenAPIType.NULL)]),
-        "filter": Schema(one_of=[Schema(type=OpenAPIType.OBJECT),
-                                 Schema(type=OpenAPIType.NULL)]),
-        "ordering": Schema(type=OpenAPIType.STRING, enum=list(ORDERINGS)),
-        "rate_limit": RATE_LIMIT_SCHEMA,
-    },
-)
 REQUEST_COMPONENTS = Components(
     security_schemes={"BearerToken": SecurityScheme(
         type="http", scheme="bearer",
         description="an API token from `webhooks token create`")},
 )
-
-
-def _body(schema: Schema) -> RequestBody:
-    # Inline: Litestar rebuilds components/schemas from its own registry, dropping others.
-    return RequestBody(required=True,
-                       content={"application/json": OpenAPIMediaType(schema=schema)})
-
-
-@dataclass
-class CreateOperation(Operation):
-    """An OpenAPI operation whose request body is CreateSubscription."""
-
-    def __post_init__(self) -> None:
-        self.request_body = _body(CREATE_SCHEMA)
-
-
-@dataclass
-class UpdateOperation(Operation):
-    """An OpenAPI operation whose request body is UpdateSubscription."""
-
-    def __post_init__(self) -> None:
-        self.request_body = _body(UPDATE_SCHEMA)

@@ -8,12 +8,14 @@ from urllib.parse import urlencode
 
 from litestar import MediaType, Request, Response, delete, get, post, put
 from litestar.datastructures import State
-from litestar.params import Parameter
+from litestar.params import JSONBody, Parameter
+from msgspec import UnsetType
 from psycopg_pool import AsyncConnectionPool
 
 from service import events
 from service.api import schemas
-from service.api.auth import admitted_read, provide_principal
+from service.api.auth import admitted_read, authenticated, provide_principal
+from service.api.bodies import Body
 from service.api.checks import (
     allowed_target,
     canonical_events,
@@ -35,28 +37,19 @@ from service.api.deps import (
 )
 from service.api.errors import ApiError, error_responses
 from service.api.models import (
-    CREATE_FIELDS,
-    CREATE_OPTIONAL,
-    ORDERINGS,
-    UPDATE_FIELDS,
-    CreateOperation,
+    CreateSubscription,
     HookEvent,
     Subscription,
-    UpdateOperation,
-    bool_field,
-    check_fields,
+    UpdateSubscription,
     check_single,
     check_unchanged,
-    events_field,
+    events_text,
     parse_active,
     parse_after,
     parse_id,
     parse_limit,
-    parse_object,
     query_text,
-    rate_limit_field,
     shown,
-    string_field,
     to_subscription,
 )
 from service.config import Settings
@@ -127,11 +120,11 @@ async def list_webhooks(
 
 
 @post("/webhooks", summary="Create a subscription (after the verification handshake)",
-      status_code=201, operation_class=CreateOperation,
+      status_code=201, dto=Body[CreateSubscription], return_dto=None, guards=[authenticated],
       response_description="the stored subscription",
       responses=error_responses(*API_ERRORS))
 async def create_webhook(
-    request: Request[Any, Any, Any],
+    data: JSONBody[CreateSubscription],
     principal: PrincipalDep,
     store: StoreDep,
     client: ClientDep,
@@ -140,17 +133,10 @@ async def create_webhook(
     metrics: MetricsDep,
 ) -> Response[Subscription]:
     """Validates resource, events and target, verifies the target, stores the subscription."""
-    body = parse_object(await request.body())
-    check_fields(body, CREATE_FIELDS + CREATE_OPTIONAL, CREATE_FIELDS)
-    resource, target = string_field(body, "resource"), string_field(body, "target")
-    text = events_field(body)
-    ordering = body.get("ordering", "unordered")
-    rate_limit = rate_limit_field(body)
-    if ordering not in ORDERINGS:
-        raise ApiError(400, f"field 'ordering' must be one of {', '.join(ORDERINGS)}, not "
-                            f"{shown(str(ordering))}")
-    names = await canonical_events(store, resource, text, settings.max_events_per_subscription)
-    filter_, path = await checked_filter(store, resource, names, body.get("filter"))
+    resource, target = data.resource, data.target
+    names = await canonical_events(store, resource, events_text(data.events),
+                                   settings.max_events_per_subscription)
+    filter_, path = await checked_filter(store, resource, names, data.filter)
     await allowed_target(target, settings)
     # Checked before the handshake too, so that a full owner does not bother its target.
     limit = settings.max_subscriptions_per_owner
@@ -166,7 +152,7 @@ async def create_webhook(
         row = await s.insert_subscription(
             owner=principal.owner, tenant=principal.tenant, resource=resource, events=names,
             target=target, secret=box.seal(secret), max=limit, filter=filter_,
-            filter_path=path, ordering=ordering, rate_limit=rate_limit)
+            filter_path=path, ordering=data.ordering, rate_limit=data.rate_limit)
     if row is None:
         raise too_many(limit)
     await settle(store, row["id"], settings)
@@ -195,10 +181,11 @@ async def get_webhook(webhook_id: IdPath, request: Request[Any, Any, Any]
 
 
 @put("/webhooks/{webhook_id:str}", summary="Activate, deactivate or move a subscription",
-     operation_class=UpdateOperation, responses=error_responses(*API_ERRORS))
+     dto=Body[UpdateSubscription], return_dto=None, guards=[authenticated],
+     responses=error_responses(*API_ERRORS))
 async def update_webhook(
     webhook_id: IdPath,
-    request: Request[Any, Any, Any],
+    data: JSONBody[UpdateSubscription],
     principal: PrincipalDep,
     store: StoreDep,
     settings: SettingsDep,
@@ -210,31 +197,27 @@ async def update_webhook(
     handshake with a newly made secret, which then signs; its id and log stay); a field
     left out keeps its value; other fields may be sent only with their current values."""
     number = _subscription_id(webhook_id)
-    body = parse_object(await request.body())
-    check_fields(body, UPDATE_FIELDS, ())
-    wanted = bool_field(body, "active") if "active" in body else None
-    new_rate = rate_limit_field(body)
-    text = events_field(body) if "events" in body else None
-    if "target" in body:
-        await move_target(store, number, string_field(body, "target"), principal, settings,
-                           client, box, metrics)
+    if isinstance(data.target, str):
+        await move_target(store, number, data.target, principal, settings, client, box,
+                          metrics)
     async with store.transaction() as s:
         row = await s.lock_subscription(id=number, owner=principal.owner,
                                         tenant=principal.tenant)
         if row is None:
             raise ApiError(404, f"no webhook with id {number}")
         current = to_subscription(row)
-        active = current.active if wanted is None else wanted
-        rate_limit = new_rate if "rate_limit" in body else current.rate_limit
+        active = current.active if isinstance(data.active, UnsetType) else data.active
+        rate_limit = (current.rate_limit if isinstance(data.rate_limit, UnsetType)
+                      else data.rate_limit)
         names = None
-        if text is not None:
+        if not isinstance(data.events, UnsetType):
             # Compared as the create would have stored them: bare verbs, aliases, order.
             try:
                 noun = await s.own_noun(resource=current.resource)
-                names = events.parse(text, noun["noun"] if noun else None)
+                names = events.parse(events_text(data.events), noun["noun"] if noun else None)
             except events.EventsError as exc:
                 raise ApiError(400, str(exc)) from None
-        check_unchanged(body, current, names)
+        check_unchanged(data, current, names)
         if active and not current.active:
             # Events detached or made private since it was made stay off (its
             # inactive_reason says which): the same check as a create's.

@@ -178,7 +178,7 @@ SELECT t.id AS token_id, t.owner, t.tenant, t.token_hash,
 
 -- name: api_subscription_lock --
 SELECT id, resource, events, target, active, last_status, last_success_at,
-       last_failure_at, last_failure_content, filter, ordering
+       last_failure_at, last_failure_content, filter, ordering, rate_limit
   FROM webhooks.subscriptions
  WHERE id = %(id)s AND owner = %(owner)s
    AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)

@@ -164,7 +164,8 @@ async def test_openapi_document(api: Api) -> None:
     for method, name in (("post", "CreateSubscription"), ("put", "UpdateSubscription")):
         operation = paths["/api/v1/webhooks" + ("/{webhook_id}" if method == "put" else "")]
         body = operation[method]["requestBody"]["content"]["application/json"]["schema"]
-        assert body["title"] == name and body["additionalProperties"] is False
+        assert body == {"$ref": f"#/components/schemas/{name}"}
+        assert schemas[name]["title"] == name and schemas[name]["additionalProperties"] is False
     assert doc["components"]["securitySchemes"]["BearerToken"]["scheme"] == "bearer"
     for path in paths.values():
         for operation in path.values():

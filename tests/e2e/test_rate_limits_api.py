@@ -24,6 +24,9 @@ async def test_the_worker_keeps_to_the_rate_and_the_api_shows_it(db_url: str) ->
             assert_error(await api.request("PUT", path, json={"rate_limit": bad}), 400,
                          "rate_limit")
         assert (await api.request("GET", path)).json()["rate_limit"] == 20
+        # A PUT that leaves rate_limit out keeps it.
+        kept = await api.request("PUT", path, json={"active": True})
+        assert kept.status_code == 200 and kept.json()["rate_limit"] == 20, kept.text
         with psycopg.connect(db_url, autocommit=True) as conn:
             for n in range(40):
                 add_invoice(conn, f"INV-RATE-{n}")
