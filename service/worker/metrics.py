@@ -52,7 +52,7 @@ class WorkerStats:
     released: int = 0
     db_errors: int = 0
     disarmed: int = 0  # times a backlog made the worker stop asking for NOTIFY
-    # Due deliveries of inactive subscriptions closed at once (Worker._close_inactive).
+    # Due deliveries of inactive subscriptions closed at once (Claims.close_inactive).
     closed_inactive: int = 0
     # The loop's statements (fan-out, claim, next_due); a pipelined pair counts once.
     round_trips: int = 0

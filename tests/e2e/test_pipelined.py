@@ -10,7 +10,7 @@ import pytest
 
 from service.store import Store, StoreRejected
 from service.store.worker import ClaimParams
-from service.worker import delivery, loop, pacing
+from service.worker import delivery, pacing, upkeep
 from service.worker.delivery import Claim
 from service.worker.fanout import FanoutBatch, fanout_params
 from tests.support.receivers import Receiver
@@ -57,7 +57,7 @@ async def test_a_burst_has_the_partitions_it_fills_analysed(
     """After a fan-out that made many deliveries the worker analyses the partition being
     filled, so the claim's plan knows the due deliveries are many (autovacuum would look
     a minute later, at best)."""
-    monkeypatch.setattr(loop, "ANALYZE_AFTER", 50)
+    monkeypatch.setattr(upkeep, "ANALYZE_AFTER", 50)
 
     def analysed() -> int:
         return maintained(conn, "analyze_count")

@@ -10,7 +10,7 @@ import time
 import psycopg
 import pytest
 
-from service.worker import loop, pacing
+from service.worker import pacing, upkeep
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe
 from tests.support.worker import add_invoice, maintained, poll, running_worker
@@ -21,7 +21,7 @@ VACUUM_AFTER_LOAD = 20
 
 async def test_a_drained_backlog_is_vacuumed(db_url: str, conn: psycopg.Connection,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loop, "VACUUM_AFTER", 100)
+    monkeypatch.setattr(upkeep, "VACUUM_AFTER", 100)
     async with Receiver() as receiver:
         subscribe(conn, receiver.url)
         before = maintained(conn, "vacuum_count")
@@ -47,10 +47,10 @@ async def test_a_steady_load_is_vacuumed_while_it_lasts(
     right after a 20,000-event backlog, every fan-out's probe of the due index walked the
     backlog's entries (7 ms instead of 1) until a lifecycle round's claim came back empty
     and the partition was vacuumed, 2 to 3.5 s later."""
-    monkeypatch.setattr(loop, "VACUUM_AFTER", VACUUM_AFTER_LOAD)
+    monkeypatch.setattr(upkeep, "VACUUM_AFTER", VACUUM_AFTER_LOAD)
     # Nothing else asks for a claim while the test runs: no lifecycle round, and no recheck
     # after a leasing fan-out.
-    monkeypatch.setattr(loop, "lifecycle_interval", lambda settings: 3600.0)
+    monkeypatch.setattr(upkeep, "lifecycle_interval", lambda settings: 3600.0)
     monkeypatch.setattr(pacing, "RECHECK_MIN", 3600.0)
     async with Receiver() as receiver:
         subscribe(conn, receiver.url)
