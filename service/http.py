@@ -2,7 +2,7 @@
 
 The handshake uses httpx's API over aiohttp's transport (httpx-aiohttp); measured on 2
 cores, httpx's own transport posts 5 to 20 times slower than aiohttp (see
-bench/README.md). The worker's deliveries go through libcurl instead (service/curl.py),
+bench/README.md). The worker's deliveries go through libcurl instead (service/curl/),
 which costs about two thirds of aiohttp's CPU per POST. Either way redirects are never
 followed and every connection passes the SSRF guard, for host names (GuardedResolver, at
 connection time) and for IP literals (check_literal).
