@@ -120,11 +120,11 @@ def _fold_single_choice(schema: Schema | Reference) -> None:
                 setattr(schema, field.name, getattr(only, field.name))
 
 
-def refusal(body_type: type[msgspec.Struct] | None, raw: bytes, error: Exception | None
-            ) -> str:
+def refusal(refused: BodyRefused) -> str:
     """The first thing wrong with a request body, in the order the API promises: empty, not
     JSON, not an object, an unknown field, a missing one, then a field's value."""
-    if body_type is None or not raw.strip():
+    body_type, raw, error = refused.body_type, refused.raw, refused.error
+    if not raw.strip():
         return EMPTY
     try:
         body = msgspec.json.decode(raw)

@@ -21,7 +21,7 @@ from litestar.exceptions import (
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.types import ExceptionHandlersMap
 
-from service.api.bodies import BodyRefused, refusal
+from service.api.bodies import EMPTY, BodyRefused, refusal
 from service.api.head import HEAD_MARK, allowed
 from service.logs import redact
 from service.store import StoreRejected, StoreUnavailable
@@ -65,10 +65,10 @@ def _validation(request: Request[Any, Any, Any], exc: ValidationException) -> Re
     # A request body that is not its declared type (bodies.Body), or none at all (Litestar
     # hands the route no `data` then): the field and the problem in the API's words.
     if isinstance(exc, BodyRefused):
-        return error_response(400, refusal(exc.body_type, exc.raw, exc.error))
+        return error_response(400, refusal(exc))
     items = exc.extra if isinstance(exc.extra, list) else []
     if any(isinstance(item, dict) and item.get("source") == "body" for item in items):
-        return error_response(400, refusal(None, b"", None))
+        return error_response(400, EMPTY)
     # Litestar's messages name the parameter; keep them, drop its {"extra": ...} shape.
     details = []
     if isinstance(exc.extra, list):
