@@ -9,7 +9,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
@@ -115,19 +115,6 @@ def leased(rows: Sequence[Sequence[Any]] | None) -> list[Claim]:
                   traceparent=traceparent, tracestate=tracestate)
             for (d, attempts, sid, owner, active, target, secret, event, body, due, previous,
                  created, traceparent, tracestate) in rows or ()]
-
-
-def saturated(busy: Mapping[int, int], per_target: int, degraded: Collection[int]
-              ) -> list[int]:
-    """The subscriptions at their cap: `per_target` in flight, or 1 when degraded."""
-    return [sid for sid, n in busy.items() if n >= (1 if sid in degraded else per_target)]
-
-
-def saturated_owners(busy_owners: Mapping[str, int], per_owner: int | None) -> list[str]:
-    """The owners with `per_owner` deliveries in flight (none when there is no cap)."""
-    if per_owner is None:
-        return []
-    return [owner for owner, n in busy_owners.items() if n >= per_owner]
 
 
 @lru_cache(maxsize=4096)

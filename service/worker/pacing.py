@@ -14,7 +14,6 @@ from collections.abc import Collection, Mapping
 from datetime import datetime
 
 from service.store.worker import ClaimParams, OthersDue
-from service.worker import delivery
 from service.worker.delivery import Claim
 from service.worker.slots import Slots
 from service.worker.wakeup import RECHECK_MIN
@@ -81,6 +80,19 @@ class Lane:
                        if sid in took or sid in held or owner in held_owners}
 
 
+def saturated(busy: Mapping[int, int], per_target: int, degraded: Collection[int]
+              ) -> list[int]:
+    """The subscriptions at their cap: `per_target` in flight, or 1 when degraded."""
+    return [sid for sid, n in busy.items() if n >= (1 if sid in degraded else per_target)]
+
+
+def saturated_owners(busy_owners: Mapping[str, int], per_owner: int | None) -> list[str]:
+    """The owners with `per_owner` deliveries in flight (none when there is no cap)."""
+    if per_owner is None:
+        return []
+    return [owner for owner, n in busy_owners.items() if n >= per_owner]
+
+
 def claim_params(*, limit: int, per_target: int, busy: Mapping[int, int], lease: float,
                  scan: int, degraded: Collection[int] = (), per_owner: int | None = None,
                  busy_owners: Mapping[str, int] | None = None,
@@ -103,11 +115,11 @@ def claim_params(*, limit: int, per_target: int, busy: Mapping[int, int], lease:
         "lease": lease,
         "busy_ids": list(busy),
         "busy_counts": list(busy.values()),
-        "saturated": delivery.saturated(busy, per_target, degraded),
+        "saturated": saturated(busy, per_target, degraded),
         "degraded": list(degraded),
         "owner_names": list(owners),
         "owner_counts": list(owners.values()),
-        "saturated_owners": delivery.saturated_owners(owners, per_owner),
+        "saturated_owners": saturated_owners(owners, per_owner),
         "since": since,
     }
 

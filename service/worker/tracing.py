@@ -7,15 +7,33 @@ conventions, and each fan-out that finds changes a messaging `process` span.
 
 from __future__ import annotations
 
+from datetime import datetime
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from yarl import URL
 
 from service import otel, tracecontext
 
-if TYPE_CHECKING:
-    from service.worker.delivery import Claim
+
+class Claim(Protocol):
+    """What an attempt's trace reads of its claim (service.worker.delivery.Claim): the
+    tracer stays below the delivery that calls it."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def subscription_id(self) -> int: ...
+    @property
+    def event(self) -> str: ...
+    @property
+    def created_at(self) -> datetime | None: ...
+    @property
+    def traceparent(self) -> str | None: ...
+    @property
+    def tracestate(self) -> str | None: ...
 
 
 class Attempt:

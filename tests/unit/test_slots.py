@@ -8,7 +8,8 @@ import pytest
 
 from service.outcomes import Answer, classify
 from service.worker.ahead import AHEAD
-from service.worker.delivery import Claim, saturated, saturated_owners
+from service.worker.delivery import Claim
+from service.worker.pacing import saturated, saturated_owners
 from service.worker.slots import Slots
 from service.worker.window import INITIAL_WINDOW, SLOW_FACTOR
 
