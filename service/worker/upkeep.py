@@ -106,11 +106,11 @@ class Upkeep:
             try:
                 await lifecycle_round(self.store, self.settings, self.metrics)
                 await self._refresh_floor()
+                self.claim()
             except StoreError as exc:
                 # The database restarting, a timeout: the next round comes as usual.
                 self.stats.db_errors += 1
                 log.warning("the failure lifecycle's round failed, retrying: %s", exc)
-            self.claim()
             await asyncio.sleep(lifecycle_interval(self.settings))
 
     async def _refresh_floor(self) -> None:
