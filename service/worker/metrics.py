@@ -30,7 +30,8 @@ from service.worker.capacity import BOUNDS, Capacity
 log = logging.getLogger("webhooks.metrics")
 
 # The worker's supervised tasks, as named in metrics, logs and `webhooks status`.
-TASKS = ("listener", "recorder", "pruner", "loop")
+TASKS = ("listener", "recorder", "pruner", "loop", "lifecycle", "maintenance", "backlog",
+         "backfill", "capacity")
 
 # The failure lifecycle's events (webhook.<name>), as labels of their counter.
 LIFECYCLE_EVENTS = ("failing", "recovered", "disabled")
@@ -80,7 +81,7 @@ class WorkerMetrics:
                                 "Age of the oldest event waiting for fan-out", registry=r)
         self.task_restarts = Counter("webhooks_worker_task_restarts",
                                      "Restarts of the worker's background tasks after a "
-                                     "crash (listener, recorder, pruner, loop)", ["task"],
+                                     "crash", ["task"],
                                      registry=r)
         for task in TASKS:
             self.task_restarts.labels(task)  # shown at 0 before any crash
