@@ -19,14 +19,12 @@ from service.worker.caps import Caps
 from service.worker.delivery import Claim
 
 # How many claims may be held per slot a subscription, an owner or the worker may send
-# with: the sends under way and the claims waiting for them. A claim of 100 takes 5 to
-# 13 ms on a busy 2-core machine (its database, receiver and worker share the cores), in
-# which the senders finish 30 to 80 deliveries, and the next claim starts only once a
-# quarter of what is held has gone: with four, the senders ran dry behind about half of
-# the claims (traced in `make bench`'s throughput, bench/HISTORY.md); eight keep them
-# busy. The worker holds at most AHEAD x its capacity in claims, or its capacity and
-# AHEAD - 1 times AHEAD_BASE beyond a capacity of AHEAD_BASE (slow targets free slots
-# slowly: 2,000 in flight hold 2,448 claims, not 16,000 bodies), each with its body.
+# with: the sends under way and the claims waiting for them. A claim's round trip must not
+# leave the senders idle, and the next claim starts only once a quarter of what is held
+# has gone: with four, the senders ran dry behind half of the claims (bench/HISTORY.md,
+# throughput). The worker holds at most AHEAD x its capacity in claims, or its capacity
+# and AHEAD - 1 times AHEAD_BASE beyond a capacity of AHEAD_BASE: slow targets free slots
+# slowly, and each claim held keeps its body in memory.
 AHEAD = 8
 AHEAD_BASE = 64
 # A target that answers in SLOW_AHEAD_MS or more frees its slots far more slowly than a

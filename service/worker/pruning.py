@@ -32,14 +32,9 @@ LOCK_TIMEOUT = "2s"
 # pg_try_advisory_lock key: one pruner at a time.
 PRUNE_LOCK = 7315600212945527044
 # After a partition is gone, the next one waits this many times as long as it took (at
-# most DROP_PAUSE_MAX seconds): the pruner's drops hold the disk about 1% of the time.
-# Measured with 100 single-row commits/s beside the drop of 63 partitions (5,000,000
-# deliveries, events and attempts over 21 days) on a 2-core machine: each DROP TABLE
-# took about 13 ms, and a commit flushed meanwhile waited for it (2-7 ms instead of
-# under 1). Back to back, the drops took 1 s and 14-21% of the commits made then took
-# over 2 ms; spaced 20 times their own time, 1.7-3%; spaced so, 0.8-1.2%, as many as in
-# the seconds before: about 100 s for the 63 partitions, a few for a day's three
-# (bench/HISTORY.md).
+# most DROP_PAUSE_MAX seconds): each drop frees its files and delays the application's
+# commits flushed meanwhile, so spaced drops hold the disk about 1% of the time
+# (measurements: docs/performance.md, retention; bench/HISTORY.md).
 DROP_SPACING = 100.0
 DROP_PAUSE_MAX = 10.0
 
