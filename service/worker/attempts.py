@@ -21,7 +21,7 @@ from service.crypto import SecretBox, SecretsError
 from service.curl import CurlClient
 from service.worker import delivery, tracing
 from service.worker.delivery import Claim, Outcome
-from service.worker.metrics import WorkerMetrics, WorkerStats
+from service.worker.metrics import WorkerMetrics
 from service.worker.recorder import Recorder
 from service.worker.secret_cache import SecretCache
 from service.worker.slots import Slots
@@ -51,13 +51,12 @@ class Attempts:
     """
 
     def __init__(self, settings: Settings, session: CurlClient, slots: Slots,
-                 recorder: Recorder, *, stats: WorkerStats, metrics: WorkerMetrics,
+                 recorder: Recorder, *, metrics: WorkerMetrics,
                  wake: Callable[[], None], stranded: Callable[[], None]) -> None:
         self.settings = settings
         self._session = session
         self._slots = slots
         self._recorder = recorder
-        self._stats = stats
         self._metrics = metrics
         self._wake = wake
         self._stranded = stranded  # a degraded subscription has claims waiting
@@ -77,7 +76,6 @@ class Attempts:
         take = self._slots.take
         for c in claims:
             take(c, now)
-        self._stats.claimed += len(claims)
         self._dispatch(now)
 
     def _start_senders(self) -> None:
@@ -198,12 +196,6 @@ class Attempts:
         sid = outcome.claim.subscription_id
         degraded = sid in self._slots.degraded
         self._slots.answered(sid, outcome.status, outcome.duration_ms, outcome.claim.owner)
-        if outcome.outcome == "succeeded":
-            self._stats.succeeded += 1
-        elif outcome.outcome == "pending":
-            self._stats.retried += 1
-        else:
-            self._stats.failed += 1
         if not degraded and sid in self._slots.degraded and sid in self._slots.waiting_sids:
             self._stranded()
 

@@ -17,7 +17,7 @@ from service.store import Session, Store, StoreError, StoreRejected
 from service.worker import delivery
 from service.worker.delivery import Claim
 from service.worker.fanout import PREPARE_LOCK, FanoutBatch, fanout_params
-from service.worker.metrics import WorkerStats
+from service.worker.metrics import WorkerMetrics
 from service.worker.pacing import LANE_STEPS, LANE_TAKE, Pacing, claim_params
 from service.worker.slots import Slots
 from service.worker.upkeep import Upkeep
@@ -33,20 +33,22 @@ class Claims:
     `store` (next_due, the claims given back)."""
 
     def __init__(self, store: Store, queue: Store, settings: Settings, *, slots: Slots,
-                 pacing: Pacing, upkeep: Upkeep, stats: WorkerStats) -> None:
+                 pacing: Pacing, upkeep: Upkeep, metrics: WorkerMetrics) -> None:
         self.store = store
         self.queue = queue
         self.settings = settings
         self.slots = slots
         self.pacing = pacing
         self.upkeep = upkeep
-        self.stats = stats
+        self.metrics = metrics
+        # The round trips made (webhooks_worker_db_round_trips_total, read at each scrape).
+        self.round_trips = 0
 
     async def claim(self, wanted: int, now: float) -> list[Claim]:
         """The rows of a claim of up to `wanted` deliveries (unordered, inactive ones
         included), with the lane's queues when its walk is due."""
         await self.walk(now)
-        self.stats.round_trips += 1
+        self.round_trips += 1
         return await self.queue.claim(Claim, self.pacing.claim_params(wanted))
 
     async def walk(self, now: float) -> None:
@@ -55,7 +57,7 @@ class Claims:
         sql/queries/worker.sql)."""
         if not self.pacing.lane_due(now):
             return
-        self.stats.round_trips += 1
+        self.round_trips += 1
         try:
             others = await self.queue.others_due(
                 after=self.pacing.lane_after, steps=LANE_STEPS, take=LANE_TAKE,
@@ -75,9 +77,9 @@ class Claims:
         other subscription's (close_inactive in sql/queries/worker.sql)."""
         ids = delivery.inactive(rows)
         while ids:
-            self.stats.round_trips += 1
+            self.round_trips += 1
             closed = await self.queue.close_inactive(subscription_ids=ids, limit=CLOSE_BATCH)
-            self.stats.closed_inactive += closed
+            self.metrics.closed_inactive.inc(closed)
             if closed < CLOSE_BATCH:
                 return
 
@@ -89,7 +91,7 @@ class Claims:
         if self.pacing.drained:
             self.upkeep.drained()
         if wait is None:
-            self.stats.round_trips += 1
+            self.round_trips += 1
             due, self.pacing.since = await self.store.next_due(
                 saturated=self.slots.saturated(), saturated_owners=self.slots.saturated_owners())
             wait = self.pacing.next_due(due, now)
@@ -99,7 +101,7 @@ class Claims:
         """Gives back the waiting claims of subscriptions that became degraded."""
         stranded = self.slots.stranded()
         if stranded:
-            self.stats.round_trips += 1
+            self.round_trips += 1
             await delivery.release(self.store, stranded)
             self.pacing.ask()
 

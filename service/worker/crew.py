@@ -30,7 +30,7 @@ from service.worker.backfill import backfill_loop
 from service.worker.claims import Claims
 from service.worker.delivery import Outcome
 from service.worker.listener import Listener
-from service.worker.metrics import WorkerMetrics, WorkerStats
+from service.worker.metrics import WorkerMetrics
 from service.worker.outbox import Outbox
 from service.worker.pacing import Pacing
 from service.worker.pruning import prune_loop
@@ -62,7 +62,6 @@ class Crew:
         self.settings = settings
         self.store = store
         self.queue = queue or store
-        self.stats = WorkerStats()
         self.metrics = metrics or WorkerMetrics()
         # Names this worker in webhooks.worker_tasks (several may run in one process).
         self.name = f"{socket.gethostname()}:{os.getpid()}:{next(_worker_numbers)}"
@@ -82,7 +81,7 @@ class Crew:
         self._stopping = asyncio.Event()
         self._recorder = Recorder(self.queue, on_written=self._recorded)
         self._attempts = Attempts(settings, session, self.slots, self._recorder,
-                                  stats=self.stats, metrics=self.metrics, wake=self._slot_freed,
+                                  metrics=self.metrics, wake=self._slot_freed,
                                   stranded=self._wake.set)
         # Wall-clock times of the worker's start and of its last completed round (a step
         # of the loop that ended without an error): its progress, in metrics, `webhooks
@@ -96,13 +95,17 @@ class Crew:
             proved=self.metrics.listen_proof.set)
         self.wakeup = Wakeup(self.listener, batch_size=settings.batch_size,
                              poll_interval=settings.poll_interval)
-        self.upkeep = Upkeep(store, settings, pacing=self.pacing, stats=self.stats,
-                             metrics=self.metrics, claim=self._claim)
+        self.upkeep = Upkeep(store, settings, pacing=self.pacing, metrics=self.metrics,
+                             claim=self._claim)
         self.outbox = Outbox(store, self.queue, settings, wakeup=self.wakeup,
-                             upkeep=self.upkeep, stats=self.stats, metrics=self.metrics,
+                             upkeep=self.upkeep, metrics=self.metrics,
                              claim=self._claim, wake=self._wake.set)
         self.claims = Claims(store, self.queue, settings, slots=self.slots,
-                             pacing=self.pacing, upkeep=self.upkeep, stats=self.stats)
+                             pacing=self.pacing, upkeep=self.upkeep, metrics=self.metrics)
+        # Counted per round trip or fan-out as plain ints, read at each scrape.
+        self.metrics.round_trips.read = lambda: (
+            self.claims.round_trips + self.outbox.round_trips + self.upkeep.round_trips)
+        self.metrics.leased.read = lambda: self.outbox.leased
 
     @property
     def pool(self) -> AsyncConnectionPool:
@@ -175,16 +178,18 @@ class Crew:
         self.metrics.capacity_changed(self.capacity, lambda: self.slots.sending_total)
         return helpers, recorder
 
-    async def _drain(self, recorder: asyncio.Task[None]) -> None:
+    async def _drain(self, recorder: asyncio.Task[None]) -> int:
         """Finishes the attempts under way within the grace period, writes their outcomes
-        and gives back the claims left."""
+        and gives back the claims left; returns how many it gave back."""
         await self._attempts.finish(self.settings.shutdown_grace)
         self._recorder.close()
         await recorder
         leftover = self.slots.leftover()
         try:
             await delivery.release(self.store, leftover)
-            self.stats.released += len(leftover)
         except StoreError as exc:
             log.warning("could not release %d claims; their leases will: %s",
                         len(leftover), exc)
+            return 0
+        self.metrics.released.inc(len(leftover))
+        return len(leftover)

@@ -70,9 +70,9 @@ class Worker(Crew):
             await self._loop()
         finally:
             await cancel_all(helpers)
-            await self._drain(recorder)
+            released = await self._drain(recorder)
             await self.wakeup.disarm(self.store)
-            log.info("worker stopped", extra={"released": self.stats.released})
+            log.info("worker stopped", extra={"released": released})
 
     async def _loop(self) -> None:
         backoff = 0.1
@@ -83,7 +83,7 @@ class Worker(Crew):
                 wait = await self._step()
             except StoreError as exc:
                 # Postgres restarting, a network blip: the tables still hold all the work.
-                self.stats.db_errors += 1
+                self.metrics.db_errors.inc()
                 log.warning("database error in worker loop, retrying: %s", exc)
                 await self._pause(backoff * random.uniform(0.5, 1.5))
                 backoff = min(backoff * 2, 5.0)

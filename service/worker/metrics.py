@@ -11,7 +11,6 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -23,6 +22,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from service.store import Store, StoreError
 from service.worker.capacity import BOUNDS, Capacity
@@ -40,23 +40,22 @@ ATTEMPT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                    10.0, 30.0)
 
 
-@dataclass
-class WorkerStats:
-    """Counters of one worker, for logs and tests."""
+class ReadCounter:
+    """A counter kept as a plain int by what counts it and read (`read`) at each scrape:
+    where the loop counts per round trip or per fan-out, a Counter's inc() (a lock, about
+    a microsecond) would slow it down. The worker sets `read` (Crew); 0 until then."""
 
-    fanned_out: int = 0
-    claimed: int = 0
-    leased: int = 0  # of those, made leased by the fan-out (a quiet queue)
-    succeeded: int = 0
-    retried: int = 0
-    failed: int = 0
-    released: int = 0
-    db_errors: int = 0
-    disarmed: int = 0  # times a backlog made the worker stop asking for NOTIFY
-    # Due deliveries of inactive subscriptions closed at once (Claims.close_inactive).
-    closed_inactive: int = 0
-    # The loop's statements (fan-out, claim, next_due); a pipelined pair counts once.
-    round_trips: int = 0
+    def __init__(self, name: str, documentation: str, registry: CollectorRegistry) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.read: Callable[[], float] = lambda: 0.0
+        registry.register(self)
+
+    def describe(self) -> list[Metric]:
+        return [CounterMetricFamily(self.name, self.documentation)]
+
+    def collect(self) -> list[Metric]:
+        return [CounterMetricFamily(self.name, self.documentation, value=self.read())]
 
 
 class WorkerMetrics:
@@ -107,6 +106,21 @@ class WorkerMetrics:
                                     "capacity where it is now (demand, owner_share, cpu, "
                                     "memory, descriptors, ceiling), 0 for the others",
                                     ["bound"], registry=r)
+        self.db_errors = Counter("webhooks_worker_db_errors", "Database errors the worker's "
+                                 "loop or its failure lifecycle's round met and retried",
+                                 registry=r)
+        self.round_trips = ReadCounter("webhooks_worker_db_round_trips", "Database round "
+                                       "trips of the worker's loop (fan-out, claim, next_due; "
+                                       "a fan-out and its claim pipelined count once)", r)
+        self.leased = ReadCounter("webhooks_worker_deliveries_leased_by_fanout",
+                                  "Deliveries leased by the fan-out that made them (a quiet "
+                                  "queue: no claim follows)", r)
+        self.closed_inactive = Counter("webhooks_worker_deliveries_closed_inactive",
+                                       "Due deliveries of inactive subscriptions closed as "
+                                       "failed at once, without an attempt", registry=r)
+        self.released = Counter("webhooks_worker_deliveries_released", "Claimed deliveries "
+                                "given back at shutdown, not sent within the grace period",
+                                registry=r)
         # The counters of each outcome, looked up once: observe() runs per attempt.
         self._outcomes = {outcome: self.deliveries.labels(label) for outcome, label in
                           (("succeeded", "succeeded"), ("pending", "retry"),

@@ -15,10 +15,10 @@ from service.store.worker import ClaimParams
 from service.worker import delivery
 from service.worker.delivery import Claim
 from service.worker.fanout import FanoutBatch, FanoutSize, fan_out_batch, fanout_params
-from service.worker.metrics import WorkerMetrics, WorkerStats
+from service.worker.metrics import WorkerMetrics
 from service.worker.pacing import MIN_WAIT
 from service.worker.upkeep import Upkeep
-from service.worker.wakeup import Step, Wakeup
+from service.worker.wakeup import Wakeup
 
 log = logging.getLogger("webhooks.worker")
 
@@ -31,19 +31,22 @@ class Outbox:
     claim (a batch made deliveries); `wake` makes it look at the outbox again."""
 
     def __init__(self, store: Store, queue: Store, settings: Settings, *, wakeup: Wakeup,
-                 upkeep: Upkeep, stats: WorkerStats, metrics: WorkerMetrics,
+                 upkeep: Upkeep, metrics: WorkerMetrics,
                  claim: Callable[[], None], wake: Callable[[], None]) -> None:
         self.store = store
         self.queue = queue
         self.settings = settings
         self.wakeup = wakeup
         self.upkeep = upkeep
-        self.stats = stats
         self.metrics = metrics
         self.claim = claim
         self.wake = wake
         self.size = FanoutSize(settings.batch_size)
         self.catching_up = False
+        # Read at each scrape (WorkerMetrics.round_trips, .leased): the round trips of
+        # the fan-outs, and the deliveries a quiet queue's fan-outs leased.
+        self.round_trips = 0
+        self.leased = 0
         self._backlog = asyncio.Event()
 
     def due(self, now: float) -> bool:
@@ -63,13 +66,11 @@ class Outbox:
         it, and arms or disarms the wakeup as it asks."""
         if batch.locked:
             self.size.learn(batch.taken, batch.changes, batch.created)
-        self.stats.fanned_out += batch.created
         self.metrics.fanned_out.inc(batch.changes)
         now = asyncio.get_running_loop().time()
         self.upkeep.fanned_out(batch.created, now)
-        if batch.locked and await self.wakeup.after_fanout(self.store, batch.taken, now,
-                                                           limit) is Step.DISARM:
-            self.stats.disarmed += 1
+        if batch.locked:
+            await self.wakeup.after_fanout(self.store, batch.taken, now, limit)
 
     async def fan_out(self, lease: ClaimParams, limit: int, *, quiet: bool
                       ) -> tuple[FanoutBatch, list[Claim]] | None:
@@ -78,14 +79,14 @@ class Outbox:
         claim. On a `quiet` queue the fan-out leases what it makes, and no claim follows
         it. The batch and the claim's rows, or None when the batch failed on its data
         (then the catch-up's careful path runs, and the claim follows it)."""
-        self.stats.round_trips += 1
+        self.round_trips += 1
         try:
             if quiet:
                 batch = await self.queue.fanout(FanoutBatch, fanout_params(
                     limit, self.settings.max_row_bytes, lease=lease))
                 assert batch is not None
                 rows = delivery.leased(batch.claims)
-                self.stats.leased += len(rows)
+                self.leased += len(rows)
             else:
                 batches, rows = await self.queue.fanout_and_claim(
                     FanoutBatch, Claim, fanout=fanout_params(limit, self.settings.max_row_bytes),
@@ -125,7 +126,7 @@ class Outbox:
         try:
             while True:
                 limit = self.size.limit
-                self.stats.round_trips += 1
+                self.round_trips += 1
                 batch = await fan_out_batch(self.queue, limit, self.settings.max_row_bytes)
                 await self.fanned_out(batch, limit)
                 self.claim()

@@ -14,7 +14,7 @@ from service.config import Settings
 from service.store import Store, StoreError, StoreRejected
 from service.worker.lifecycle import interval as lifecycle_interval
 from service.worker.lifecycle import run_round as lifecycle_round
-from service.worker.metrics import WorkerMetrics, WorkerStats
+from service.worker.metrics import WorkerMetrics
 from service.worker.pacing import Pacing
 
 log = logging.getLogger("webhooks.worker")
@@ -38,14 +38,14 @@ class Upkeep:
     when a lifecycle round may have made deliveries claimable."""
 
     def __init__(self, store: Store, settings: Settings, *, pacing: Pacing,
-                 stats: WorkerStats, metrics: WorkerMetrics,
+                 metrics: WorkerMetrics,
                  claim: Callable[[], None]) -> None:
         self.store = store
         self.settings = settings
         self.pacing = pacing
-        self.stats = stats
         self.metrics = metrics
         self.claim = claim
+        self.round_trips = 0  # the queue floor's refreshes (Claims.round_trips)
         self.unanalysed = 0  # deliveries fanned out since the last ANALYZE
         self.analyzed_at = float("-inf")
         self.unvacuumed = 0  # attempts recorded since the last VACUUM
@@ -109,7 +109,7 @@ class Upkeep:
                 self.claim()
             except StoreError as exc:
                 # The database restarting, a timeout: the next round comes as usual.
-                self.stats.db_errors += 1
+                self.metrics.db_errors.inc()
                 log.warning("the failure lifecycle's round failed, retrying: %s", exc)
             await asyncio.sleep(lifecycle_interval(self.settings))
 
@@ -118,7 +118,7 @@ class Upkeep:
         after it (refresh_queue_floor in sql/partitions.sql). A refresh the database
         refuses leaves the floor the worker has: a stale one costs only reading older
         partitions, or, when it was lowered since, an empty claim and next_due's."""
-        self.stats.round_trips += 1
+        self.round_trips += 1
         try:
             self.pacing.since = await self.store.refresh_queue_floor()
         except StoreRejected as exc:

@@ -46,7 +46,11 @@ async def test_worker_metrics_move_after_a_delivery(db_url: str, conn: psycopg.C
         before = await scrape(url, time.monotonic() + 20)
         for name in ("webhooks_deliveries_total", "webhooks_delivery_attempt_seconds_bucket",
                      "webhooks_deliveries_due", "webhooks_oldest_pending_delivery_seconds",
-                     "webhooks_outbox_lag_seconds", "webhooks_outbox_statements"):
+                     "webhooks_outbox_lag_seconds", "webhooks_outbox_statements",
+                     "webhooks_worker_db_round_trips_total", "webhooks_worker_db_errors_total",
+                     "webhooks_worker_deliveries_leased_by_fanout_total",
+                     "webhooks_worker_deliveries_closed_inactive_total",
+                     "webhooks_worker_deliveries_released_total"):
             assert f"# TYPE {name.removesuffix('_total').removesuffix('_bucket')}" in before \
                 or name in before, name
         subscribe(conn, receiver.url)
@@ -62,6 +66,7 @@ async def test_worker_metrics_move_after_a_delivery(db_url: str, conn: psycopg.C
         assert ok, after
         assert sample(after, "webhooks_delivery_attempt_seconds_count") == 1.0
         assert sample(after, "webhooks_outbox_changes_processed_total") >= 1.0
+        assert sample(after, "webhooks_worker_db_round_trips_total") >= 1.0
         # Supervised tasks: every one is listed, at 0 while none has crashed.
         for task in ("listener", "recorder", "pruner", "loop"):
             line = f'webhooks_worker_task_restarts_total{{task="{task}"}} 0.0'

@@ -5,12 +5,30 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import Any
 
 import psycopg
 
+from service.worker.loop import Worker
+from service.worker.wakeup import Step
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe
 from tests.support.worker import add_invoice, poll, running_worker
+
+
+def disarms(worker: Worker) -> list[Step]:
+    """The DISARM steps the worker's fan-outs take from now on (Wakeup.after_fanout)."""
+    steps: list[Step] = []
+    after_fanout = worker.wakeup.after_fanout
+
+    async def counting(*args: Any, **kwargs: Any) -> Step:
+        step = await after_fanout(*args, **kwargs)
+        if step is Step.DISARM:
+            steps.append(step)
+        return step
+
+    worker.wakeup.after_fanout = counting  # type: ignore[method-assign]
+    return steps
 
 
 def wakeup_pids(conn: psycopg.Connection) -> list[int]:
@@ -49,16 +67,17 @@ async def test_a_backlog_disarms_and_the_worker_keeps_polling(
         subscribe(conn, receiver.url)
         async with running_worker(db_url, poll_interval=30.0, batch_size=10) as worker:
             await poll(lambda: wakeup_pids(conn) == [worker.listener.pid])
+            disarmed = disarms(worker)
             # A light load keeps the worker armed: one statement per fan-out.
             add_invoice(conn, "LIGHT")
             await receiver.wait_for(lambda r: len(r.deliveries()) == 1, timeout=10)
-            assert worker.stats.disarmed == 0
+            assert disarmed == []
             # 30 statements at one commit fill a fan-out batch of 10: a backlog.
             with conn.transaction():
                 for i in range(30):
                     add_invoice(conn, f"B-{i}")
             await receiver.wait_for(lambda r: len(r.deliveries()) == 31, timeout=10)
-            assert worker.stats.disarmed >= 1
+            assert disarmed
             # With nobody armed no NOTIFY is sent; the worker's 50 ms checks still find these.
             add_invoice(conn, "AFTER")
             await receiver.wait_for(lambda r: len(r.deliveries()) == 32, timeout=10)
@@ -74,6 +93,7 @@ async def test_a_steady_load_after_a_backlog_arms_the_worker_again(
         subscribe(conn, receiver.url)
         async with running_worker(db_url, poll_interval=30.0, batch_size=batch) as worker:
             await poll(lambda: wakeup_pids(conn) == [worker.listener.pid])
+            disarmed = disarms(worker)
             stop = threading.Event()
             written = [0, 0]
 
@@ -96,7 +116,7 @@ async def test_a_steady_load_after_a_backlog_arms_the_worker_again(
                 conn.execute("DO $$ BEGIN FOR i IN 1..%s LOOP INSERT INTO invoices "
                              "(number, customer, amount) VALUES ('B-' || i, 'c', 1); "
                              "END LOOP; END $$" % (3 * batch))
-                await poll(lambda: worker.stats.disarmed >= 1, what="the backlog disarming")
+                await poll(lambda: bool(disarmed), what="the backlog disarming")
                 await poll(lambda: wakeup_pids(conn) == [worker.listener.pid], timeout=10,
                            what="the worker armed again under a steady load")
                 assert all(t.is_alive() for t in threads)  # the load still runs

@@ -14,7 +14,7 @@ from aiohttp import web
 from service.worker.loop import open_worker
 from tests.support.receivers import Received, Receiver
 from tests.support.subscriptions import subscribe
-from tests.support.worker import add_invoice, make_settings, running_worker, worker_env
+from tests.support.worker import add_invoice, counted, make_settings, running_worker, worker_env
 
 WEBHOOKS = str(Path(sys.executable).with_name("webhooks"))
 
@@ -149,7 +149,7 @@ async def test_stop_releases_what_cannot_finish(db_url: str, conn: psycopg.Conne
         async with open_worker(settings, concurrency=4) as worker:
             add_invoice(conn, "STUCK")
             await receiver.wait_for(lambda r: len(r.deliveries()) == 1)
-        assert worker.stats.released == 1
+        assert counted(worker, "webhooks_worker_deliveries_released_total") == 1
     finally:
         release.set()
     row = conn.execute("SELECT status, attempts, lease_expires_at IS NULL,"

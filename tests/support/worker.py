@@ -64,6 +64,12 @@ async def poll(predicate: Callable[[], object], timeout: float = 10.0,
         await asyncio.sleep(0.02)
 
 
+def counted(worker: Worker, name: str, **labels: str) -> float:
+    """A counter of the worker's metrics (its registry) by its exposed name, e.g.
+    counted(worker, "webhooks_deliveries_total", outcome="succeeded"); 0 before any."""
+    return worker.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
 def maintained(conn: psycopg.Connection[Any],
                counter: Literal["analyze_count", "vacuum_count"]) -> int:
     """Manual ANALYZEs or VACUUMs so far (that counter of pg_stat_user_tables) of the
