@@ -66,7 +66,6 @@ class Crew:
         # Names this worker in webhooks.worker_tasks (several may run in one process).
         self.name = f"{socket.gethostname()}:{os.getpid()}:{next(_worker_numbers)}"
         self.supervisor = Supervisor(store, self.name, self.metrics)
-        self.task_restarts = self.supervisor.restarts
         self.slots = Slots(concurrency, per_target=settings.per_target_concurrency,
                            per_owner=settings.per_owner_concurrency,
                            batch_size=settings.batch_size,
