@@ -79,6 +79,7 @@ class Crew:
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._recorder = Recorder(self.queue, on_written=self._recorded)
+        self.metrics.unwritten.set_function(lambda: self._recorder.backlog)
         self._attempts = Attempts(settings, session, self.slots, self._recorder,
                                   metrics=self.metrics, wake=self._slot_freed,
                                   stranded=self._wake.set)
@@ -91,7 +92,7 @@ class Crew:
             settings.database_url, self.wake, check_interval=settings.listen_check_interval,
             timeout=settings.worker_db_timeout, tcp_timeout=settings.db_tcp_timeout,
             connect_timeout=settings.db_connect_timeout, report=self._progress,
-            proved=self.metrics.listen_proof.set)
+            proved=self.metrics.listen_proof.set, opened=self.metrics.listen_connections.inc)
         self.wakeup = Wakeup(self.listener, batch_size=settings.batch_size,
                              poll_interval=settings.poll_interval)
         self.upkeep = Upkeep(store, settings, pacing=self.pacing, metrics=self.metrics,

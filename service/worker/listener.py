@@ -34,7 +34,8 @@ class Listener:
                  timeout: float = 10.0, tcp_timeout: float = 15.0,
                  connect_timeout: float = 5.0,
                  report: Callable[[], dict[str, Any]] | None = None,
-                 proved: Callable[[float], None] | None = None) -> None:
+                 proved: Callable[[float], None] | None = None,
+                 opened: Callable[[], None] | None = None) -> None:
         self._url = url
         self._wake = wake
         self._min_backoff = min_backoff
@@ -45,10 +46,9 @@ class Listener:
         self._connect_timeout = connect_timeout
         self._report = report
         self._proved = proved
+        self._opened = opened  # told of each LISTEN connection made
         self.connected = asyncio.Event()
-        self.connections = 0  # successful connections so far; tests watch reconnects
         self.pid: int | None = None  # backend pid of the current LISTEN connection
-        self.proved_at: float | None = None  # wall-clock time of the last proof
 
     async def run(self) -> None:
         """Listens until cancelled; connection failures are logged and retried. Anything
@@ -84,7 +84,8 @@ class Listener:
                 await self._prove(session)
                 await session.listen()
                 self.pid = conn.info.backend_pid
-                self.connections += 1
+                if self._opened is not None:
+                    self._opened()
                 self.connected.set()
                 self._wake()  # anything committed while we were not listening
                 while True:
@@ -98,6 +99,5 @@ class Listener:
         now = time.time()
         report["proof"] = now
         await session.prove_listener(json.dumps(report, sort_keys=True))
-        self.proved_at = now
         if self._proved is not None:
             self._proved(now)

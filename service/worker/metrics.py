@@ -95,6 +95,11 @@ class WorkerMetrics:
         self.listen_proof = Gauge("webhooks_worker_listen_proof_timestamp_seconds",
                                   "When the worker's LISTEN connection last proved alive by a "
                                   "round trip (Unix time; 0 before the first)", registry=r)
+        self.listen_connections = Counter("webhooks_worker_listen_connections", "LISTEN "
+                                          "connections the worker made (after the first, "
+                                          "each replaced one that broke or hung)", registry=r)
+        self.unwritten = Gauge("webhooks_worker_outcomes_unwritten", "Finished attempts "
+                               "whose outcomes are not written yet", registry=r)
         self.in_flight = Gauge("webhooks_worker_deliveries_in_flight",
                                "Delivery attempts under way", registry=r)
         self.capacity = Gauge("webhooks_worker_capacity", "Deliveries the worker may have "

@@ -21,7 +21,14 @@ from tests.support.api import api_for
 from tests.support.proxy import Proxy, port_of
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe
-from tests.support.worker import add_invoice, poll, running_worker, worker_env
+from tests.support.worker import (
+    add_invoice,
+    listen_connections,
+    listen_proof,
+    poll,
+    running_worker,
+    worker_env,
+)
 
 # Short deadlines, so that each case takes seconds; the bound checked is the service's
 # (30 s for the worker), not these.
@@ -60,7 +67,7 @@ async def test_worker_resumes_when_its_connections_stop_answering(
     async with running_worker(proxy.url(db_url), **FAST) as worker:
         add_invoice(conn, "before")
         await receiver.wait_for(lambda r: len(r.deliveries()) >= 1, timeout=10)
-        first_listener = worker.listener.connections
+        first_listener = listen_connections(worker)
         getattr(proxy, fault)()
         faulted = time.monotonic()
         for n in range(5):
@@ -68,10 +75,10 @@ async def test_worker_resumes_when_its_connections_stop_answering(
         await receiver.wait_for(lambda r: len(r.deliveries()) >= 6, timeout=WORKER_BOUND)
         took = time.monotonic() - faulted
         # The LISTEN connection was replaced too, and proves itself again.
-        await poll(lambda: worker.listener.connections > first_listener, timeout=10,
+        await poll(lambda: listen_connections(worker) > first_listener, timeout=10,
                    what="a new LISTEN connection")
-        proved = worker.listener.proved_at
-        await poll(lambda: worker.listener.proved_at != proved, timeout=10,
+        proved = listen_proof(worker)
+        await poll(lambda: listen_proof(worker) != proved, timeout=10,
                    what="a proof of the new LISTEN connection")
     assert numbers_received(receiver) == {"before", *(f"after-{n}" for n in range(5))}
     ids = [r.headers["webhook-id"] for r in receiver.deliveries()]
@@ -92,7 +99,7 @@ async def test_a_hung_listen_connection_is_found_out_and_the_outbox_polled_meanw
         conn.execute("SELECT pg_terminate_backend(%s)", (old_pid,))
         await poll(lambda: worker.listener.connected.is_set()
                    and worker.listener.pid != old_pid, timeout=10, what="relisten")
-        connections = worker.listener.connections
+        connections = listen_connections(worker)
         proxy.hang(new=True)
         add_invoice(conn, "while-hung")
         await receiver.wait_for(lambda r: len(r.deliveries()) >= 1, timeout=10)
@@ -101,7 +108,7 @@ async def test_a_hung_listen_connection_is_found_out_and_the_outbox_polled_meanw
         await poll(lambda: not worker.listener.connected.is_set(), timeout=10,
                    what="the hung LISTEN connection given up")
         proxy.forward()
-        await poll(lambda: worker.listener.connections > connections, timeout=15,
+        await poll(lambda: listen_connections(worker) > connections, timeout=15,
                    what="a working LISTEN connection again")
     assert numbers_received(receiver) == {"while-hung"}
 

@@ -7,7 +7,7 @@ import psycopg
 
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe
-from tests.support.worker import counted, running_worker
+from tests.support.worker import metric, running_worker
 
 STATEMENTS = 100
 ROWS = 40  # per statement: 4,000 changes, one delivery each
@@ -27,7 +27,7 @@ async def test_a_backlog_is_sent_while_it_is_fanned_out(db_url: str,
         async with running_worker(db_url) as worker:
             await receiver.wait_for(lambda r: len(r.deliveries()) == STATEMENTS * ROWS,
                                     timeout=60)
-            fanouts = counted(worker, "webhooks_worker_db_round_trips_total")
+            fanouts = metric(worker, "webhooks_worker_db_round_trips_total")
     # Many fan-outs of a few statements, not one of all 100 (whose deliveries would all
     # be created in one transaction, before any was sent) ...
     row = conn.execute(

@@ -16,7 +16,7 @@ from service.worker.fanout import FanoutBatch, fanout_params
 from service.worker.pacing import claim_params
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe
-from tests.support.worker import add_invoice, counted, open_pool, poll, running_worker
+from tests.support.worker import add_invoice, metric, open_pool, poll, running_worker
 
 
 def lease(limit: int = 10, per_target: int = 8, busy: dict[int, int] | None = None,
@@ -126,7 +126,7 @@ async def test_a_quiet_worker_sends_fresh_changes_without_a_claim(
             await poll(lambda: conn.execute(
                 "SELECT count(*) FROM webhooks.deliveries WHERE status = 'pending'"
             ).fetchone() == (0,), what="the attempt recorded")
-        assert counted(worker, "webhooks_worker_deliveries_leased_by_fanout_total") >= 3
+        assert metric(worker, "webhooks_worker_deliveries_leased_by_fanout_total") >= 3
     numbers = [json.loads(r.body)["resource"]["number"] for r in receiver.deliveries()]
     assert numbers == [f"W-{n}" for n in range(6)]
     assert conn.execute("SELECT count(*), sum(attempts) FROM webhooks.deliveries"

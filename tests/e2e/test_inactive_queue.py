@@ -12,7 +12,7 @@ from service.store import Store
 from tests.support.fanout import drain_outbox
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe
-from tests.support.worker import add_invoice, counted, running_worker
+from tests.support.worker import add_invoice, metric, running_worker
 
 QUEUED = 3_000
 
@@ -32,7 +32,7 @@ async def test_an_inactive_subscriptions_queue_is_closed_at_once(
         async with running_worker(db_url, concurrency=16) as worker:
             add_invoice(conn, "FRESH")
             await receiver.wait_for(lambda r: len(r.deliveries()) == 1, timeout=30)
-            closed = counted(worker, "webhooks_worker_deliveries_closed_inactive_total")
+            closed = metric(worker, "webhooks_worker_deliveries_closed_inactive_total")
     counts = conn.execute(
         "SELECT count(*) FILTER (WHERE status = 'failed' AND attempts = 1),"
         "       count(*) FILTER (WHERE status = 'failed' AND attempts = 0),"

@@ -50,7 +50,9 @@ async def test_worker_metrics_move_after_a_delivery(db_url: str, conn: psycopg.C
                      "webhooks_worker_db_round_trips_total", "webhooks_worker_db_errors_total",
                      "webhooks_worker_deliveries_leased_by_fanout_total",
                      "webhooks_worker_deliveries_closed_inactive_total",
-                     "webhooks_worker_deliveries_released_total"):
+                     "webhooks_worker_deliveries_released_total",
+                     "webhooks_worker_listen_connections_total",
+                     "webhooks_worker_outcomes_unwritten"):
             assert f"# TYPE {name.removesuffix('_total').removesuffix('_bucket')}" in before \
                 or name in before, name
         subscribe(conn, receiver.url)

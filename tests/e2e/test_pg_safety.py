@@ -9,7 +9,7 @@ import psycopg
 
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe
-from tests.support.worker import add_invoice, counted, numbers, poll, running_worker
+from tests.support.worker import add_invoice, metric, numbers, poll, running_worker
 
 
 async def test_worker_survives_statement_timeout(db_url: str, conn: psycopg.Connection
@@ -22,7 +22,7 @@ async def test_worker_survives_statement_timeout(db_url: str, conn: psycopg.Conn
         with psycopg.connect(db_url) as locker:
             locker.execute("LOCK TABLE webhooks.outbox IN ACCESS EXCLUSIVE MODE")
             async with running_worker(url) as worker:
-                await poll(lambda: counted(worker, "webhooks_worker_db_errors_total") >= 1,
+                await poll(lambda: metric(worker, "webhooks_worker_db_errors_total") >= 1,
                            what="a cancelled statement")
                 assert receiver.deliveries() == []
                 locker.rollback()  # the lock goes; the worker's next try gets through

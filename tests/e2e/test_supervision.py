@@ -17,7 +17,7 @@ from service.worker.loop import Worker, open_worker
 from service.worker.metrics import TASKS
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe
-from tests.support.worker import add_invoice, counted, make_settings, poll
+from tests.support.worker import add_invoice, make_settings, metric, poll
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def crash_first(monkeypatch: pytest.MonkeyPatch, owner: object, name: str, times
 
 def restarted(w: Worker) -> dict[str, int]:
     """The worker's tasks restarted so far, and how often (webhooks_worker_task_restarts)."""
-    counts = {task: counted(w, "webhooks_worker_task_restarts_total", task=task)
+    counts = {task: metric(w, "webhooks_worker_task_restarts_total", task=task)
               for task in TASKS}
     return {task: int(n) for task, n in counts.items() if n}
 

@@ -13,7 +13,7 @@ import pytest
 from service.worker import pacing, upkeep
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe
-from tests.support.worker import add_invoice, counted, maintained, poll, running_worker
+from tests.support.worker import add_invoice, maintained, metric, poll, running_worker
 
 ROWS = 300
 VACUUM_AFTER_LOAD = 20
@@ -66,5 +66,5 @@ async def test_a_steady_load_is_vacuumed_while_it_lasts(
                 await asyncio.sleep(0.02)
             await receiver.wait_for(lambda r: len(r.deliveries()) == sent, timeout=30)
             # The load went to the worker leased by its fan-outs, not claimed.
-            assert counted(worker, "webhooks_worker_deliveries_leased_by_fanout_total") \
+            assert metric(worker, "webhooks_worker_deliveries_leased_by_fanout_total") \
                 >= VACUUM_AFTER_LOAD

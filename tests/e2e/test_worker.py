@@ -15,7 +15,7 @@ from service.crypto import SecretBox, new_key
 from service.http import USER_AGENT
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe
-from tests.support.worker import add_invoice, counted, numbers, payloads, poll, running_worker
+from tests.support.worker import add_invoice, metric, numbers, payloads, poll, running_worker
 
 
 async def test_plain_sql_change_is_delivered_signed(db_url: str, conn: psycopg.Connection,
@@ -180,16 +180,16 @@ async def test_a_light_load_costs_one_round_trip_per_delivery(
         subscribe(conn, receiver.url)
         async with running_worker(db_url, poll_interval=30.0) as worker:
             await poll(lambda: worker.wakeup.armed_pid is not None, what="arming")
-            await poll(lambda: counted(worker, "webhooks_worker_db_round_trips_total") >= 2)
-            before = counted(worker, "webhooks_worker_db_round_trips_total")
+            await poll(lambda: metric(worker, "webhooks_worker_db_round_trips_total") >= 2)
+            before = metric(worker, "webhooks_worker_db_round_trips_total")
             n = 10
             for i in range(n):
                 add_invoice(conn, f"L-{i}")
                 await receiver.wait_for(lambda r, i=i: len(r.deliveries()) == i + 1)
-                await poll(lambda i=i: counted(worker, "webhooks_deliveries_total",
+                await poll(lambda i=i: metric(worker, "webhooks_deliveries_total",
                                                        outcome="succeeded") == i + 1)
-            await poll(lambda: worker._recorder.backlog == 0)
-            used = counted(worker, "webhooks_worker_db_round_trips_total") - before
+            await poll(lambda: metric(worker, "webhooks_worker_outcomes_unwritten") == 0)
+            used = metric(worker, "webhooks_worker_db_round_trips_total") - before
             # The rechecks after arming (50, 100, 200 ms ...) cost one each: a few more.
             assert used <= n + 6, used
 
@@ -205,9 +205,9 @@ async def test_a_busy_subscription_claims_several_freed_slots_per_round_trip(
         async with running_worker(db_url, concurrency=64, per_target_concurrency=64,
                                   poll_interval=30.0) as worker:
             await poll(lambda: worker.wakeup.armed_pid is not None, what="arming")
-            before = counted(worker, "webhooks_worker_db_round_trips_total")
+            before = metric(worker, "webhooks_worker_db_round_trips_total")
             conn.execute("INSERT INTO invoices (number, customer, amount)"
                          " SELECT 'B' || g, 'c', 1 FROM generate_series(1, 2000) g")
             await receiver.wait_for(lambda r: len(r.deliveries()) == 2000, timeout=60)
-            used = counted(worker, "webhooks_worker_db_round_trips_total") - before
+            used = metric(worker, "webhooks_worker_db_round_trips_total") - before
     assert used <= 2000 // 4, used

@@ -14,7 +14,14 @@ from aiohttp import web
 from service.worker.loop import open_worker
 from tests.support.receivers import Received, Receiver
 from tests.support.subscriptions import subscribe
-from tests.support.worker import add_invoice, counted, make_settings, running_worker, worker_env
+from tests.support.worker import (
+    add_invoice,
+    listen_connections,
+    make_settings,
+    metric,
+    running_worker,
+    worker_env,
+)
 
 WEBHOOKS = str(Path(sys.executable).with_name("webhooks"))
 
@@ -126,7 +133,7 @@ async def test_reconnects_after_connections_are_terminated(
         conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                      " WHERE datname = current_database() AND pid <> pg_backend_pid()"
                      " AND application_name LIKE 'webhooks-%%'")
-        await wait_until(lambda: worker.listener.connections >= 2, what="listener back")
+        await wait_until(lambda: listen_connections(worker) >= 2, what="listener back")
         await worker.listener.connected.wait()
         started = time.monotonic()
         add_invoice(conn, "AFTER")
@@ -149,7 +156,7 @@ async def test_stop_releases_what_cannot_finish(db_url: str, conn: psycopg.Conne
         async with open_worker(settings, concurrency=4) as worker:
             add_invoice(conn, "STUCK")
             await receiver.wait_for(lambda r: len(r.deliveries()) == 1)
-        assert counted(worker, "webhooks_worker_deliveries_released_total") == 1
+        assert metric(worker, "webhooks_worker_deliveries_released_total") == 1
     finally:
         release.set()
     row = conn.execute("SELECT status, attempts, lease_expires_at IS NULL,"

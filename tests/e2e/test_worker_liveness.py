@@ -23,7 +23,7 @@ from tests.support.net import free_port
 from tests.support.proxy import Proxy, port_of
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe
-from tests.support.worker import add_invoice, make_settings, poll, running_worker
+from tests.support.worker import add_invoice, listen_proof, make_settings, poll, running_worker
 
 FAST = {"listen_check_interval": 0.5, "liveness_timeout": 1.0, "worker_db_timeout": 2.0,
         "poll_interval": 0.5}
@@ -42,14 +42,14 @@ async def test_progress_shows_in_metrics_and_status(db_url: str, receiver: Recei
         server = worker.metrics.serve(port, liveness=Liveness(worker.settings, worker).check)
         try:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-                await poll(lambda: worker.listener.proved_at is not None
+                await poll(lambda: listen_proof(worker) > 0
                            and worker.last_round is not None, what="a round and a proof")
                 text = (await client.get("/metrics")).text
                 first_proof = gauge(text, "webhooks_worker_listen_proof_timestamp_seconds")
                 assert abs(gauge(text, "webhooks_worker_last_round_timestamp_seconds")
                            - time.time()) < 10
                 # The proof comes again at its interval, the rounds go on.
-                await poll(lambda: (worker.listener.proved_at or 0) > first_proof + 0.4,
+                await poll(lambda: listen_proof(worker) > first_proof + 0.4,
                            timeout=5, what="the next proof")
                 text = (await client.get("/metrics")).text
                 assert gauge(text, "webhooks_worker_listen_proof_timestamp_seconds") \

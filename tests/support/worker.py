@@ -64,10 +64,20 @@ async def poll(predicate: Callable[[], object], timeout: float = 10.0,
         await asyncio.sleep(0.02)
 
 
-def counted(worker: Worker, name: str, **labels: str) -> float:
-    """A counter of the worker's metrics (its registry) by its exposed name, e.g.
-    counted(worker, "webhooks_deliveries_total", outcome="succeeded"); 0 before any."""
+def metric(worker: Worker, name: str, **labels: str) -> float:
+    """A sample of the worker's metrics (its registry) by its exposed name, e.g.
+    metric(worker, "webhooks_deliveries_total", outcome="succeeded"); 0 when absent."""
     return worker.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def listen_connections(worker: Worker) -> float:
+    """LISTEN connections the worker made so far (webhooks_worker_listen_connections)."""
+    return metric(worker, "webhooks_worker_listen_connections_total")
+
+
+def listen_proof(worker: Worker) -> float:
+    """When the worker's LISTEN connection last proved alive (Unix time; 0 before)."""
+    return metric(worker, "webhooks_worker_listen_proof_timestamp_seconds")
 
 
 def maintained(conn: psycopg.Connection[Any],
