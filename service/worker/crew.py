@@ -19,7 +19,6 @@ import time
 from typing import Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
 
 from service.config import Settings
 from service.curl import CurlClient
@@ -74,7 +73,7 @@ class Crew:
         # its ceiling.
         self.capacity = capacity.for_worker(concurrency, settings.memory_budget)
         self.slots.resize(self.capacity.limit)
-        self.concurrency, self.per_owner = self.capacity.ceiling, self.slots.per_owner
+        self.concurrency = self.capacity.ceiling
         self.pacing = Pacing(self.slots, lease=settings.lease, scan=settings.batch_size)
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -106,11 +105,6 @@ class Crew:
         self.metrics.round_trips.read = lambda: (
             self.claims.round_trips + self.outbox.round_trips + self.upkeep.round_trips)
         self.metrics.leased.read = lambda: self.outbox.leased
-
-    @property
-    def pool(self) -> AsyncConnectionPool:
-        """The worker's connection pool."""
-        return self.store.pool
 
     def _progress(self) -> dict[str, Any]:
         """What the listener's proof reports (`webhooks status`)."""
