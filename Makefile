@@ -32,11 +32,30 @@ install: $(STAMP) ## create .venv with the service and its dependencies
 	    apt-get install -y -q chromium >/dev/null; }; }; } || \
 	  echo "install: chromium is not installed; the dashboard's browser tests will be skipped (Debian: apt-get install chromium)"
 
-test: install ## run the whole test suite against a real PostgreSQL
-	$(DEVDB) --shared-ok -- $(BIN)/python -m pytest $(PYTEST_ARGS)
+# make test runs the suite in two passes, each test on its own database: first every test
+# but the serial ones on TEST_WORKERS processes (pytest-xdist; the longest start first, see
+# tests/conftest.py), then the serial ones (they measure time or load) alone. One report
+# of service/'s line coverage covers both; PYTEST_ARGS go to both passes. A pass that
+# selects no test (exit 5) is no failure unless neither selects one.
+TEST_WORKERS ?= 4
+PYTEST := $(BIN)/python -m pytest
 
+test: install ## run the whole test suite against a real PostgreSQL, with service/'s coverage
+	@rm -f .coverage .coverage.*
+	@set +e; \
+	echo "make test: the tests that run in parallel, on $(TEST_WORKERS) processes"; \
+	$(DEVDB) --shared-ok -- $(PYTEST) -n $(TEST_WORKERS) --dist loadgroup -m 'not serial' \
+	  --cov --cov-report= $(PYTEST_ARGS); parallel=$$?; \
+	echo "make test: the serial tests, alone"; \
+	$(DEVDB) --shared-ok -- $(PYTEST) -m serial --cov --cov-append --cov-report=term \
+	  $(PYTEST_ARGS); serial=$$?; \
+	for rc in $$parallel $$serial; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done; \
+	[ "$$parallel$$serial" != 55 ] || exit 5
+
+# Collects tests/unit alone (the other folders' imports take longer than its tests) unless
+# PYTEST_ARGS names what to run.
 test-unit: install ## the unit tests only: fast, no database needed
-	$(BIN)/python -m pytest -m unit $(PYTEST_ARGS)
+	$(PYTEST) -m unit $(if $(filter tests%,$(PYTEST_ARGS)),,tests/unit) $(PYTEST_ARGS)
 
 lint: install ## ruff, mypy and import-linter (the layers of service/)
 	$(BIN)/ruff check service tests bench
