@@ -15,6 +15,7 @@ from service import tokens
 from service.api.deps import StoreDep
 from service.api.errors import AUTHENTICATE, ApiError
 from service.api.ratelimit import RateLimiter, retry_after
+from service.api.readiness import require_migrated
 from service.tokens import Principal
 
 # One message for every token that is not a valid one (malformed, wrong length, unknown,
@@ -40,9 +41,13 @@ async def authenticated(connection: ASGIConnection[Any, Any, Any, Any],
                         handler: BaseRouteHandler) -> None:
     """A guard of the routes that take a body (bodies.Body): Litestar decodes a route's
     `data` before it resolves the `principal` dependency, so the caller is admitted here
-    first, and a request without a valid token is answered 401 whatever its body."""
+    first, and a request without a valid token is answered 401 whatever its body. Guards
+    run before the before_request hook: a database not migrated is said here first (503),
+    as on every other route."""
+    request = cast(Request[Any, Any, Any], connection)
+    await require_migrated(request)
     state = connection.app.state
-    await provide_principal(cast(Request[Any, Any, Any], connection), state.store, state)
+    await provide_principal(request, state.store, state)
 
 
 def bearer_token(request: Request[Any, Any, Any]) -> str:
