@@ -135,6 +135,22 @@ def network_options(tcp_timeout: float = TCP_TIMEOUT,
     }
 
 
+def server_network_settings(tcp_timeout: float = TCP_TIMEOUT) -> dict[str, str]:
+    """The server's side of network_options, set on each service connection: its own
+    keepalives and tcp_user_timeout notice a client host that vanished (a crashed node, a
+    partition) as the client's notice the server's. Without them a backend whose client
+    vanished in the middle of a pipeline or a result waits for the operating system's
+    keepalives (two hours by default) with its transaction's locks held. Ignored on a Unix
+    socket; the URL's own options may set them."""
+    idle = max(1, round(tcp_timeout / 3))
+    return {
+        "tcp_keepalives_idle": str(idle),
+        "tcp_keepalives_interval": str(max(1, round((tcp_timeout - idle) / 4))),
+        "tcp_keepalives_count": "4",
+        "tcp_user_timeout": str(max(1, round(tcp_timeout * 1000))),
+    }
+
+
 def conninfo(url: str, settings: dict[str, str] | None = None, *,
              tcp_timeout: float = TCP_TIMEOUT,
              connect_timeout: float = CONNECT_TIMEOUT) -> str:
@@ -142,7 +158,8 @@ def conninfo(url: str, settings: dict[str, str] | None = None, *,
     `settings`, after them) and its network options (network_options; the URL's own
     keepalive and timeout parameters, when it has any, are kept)."""
     own = conninfo_to_dict(url)
-    options = service_options(str(own["options"]) if own.get("options") else None)
+    options = (session_options(server_network_settings(tcp_timeout)) + " "
+               + service_options(str(own["options"]) if own.get("options") else None))
     if settings:
         options += " " + session_options(settings)
     network = {k: v for k, v in network_options(tcp_timeout, connect_timeout).items()

@@ -10,7 +10,10 @@ has a deadline of its own kind of work (Store's `timeout`), and a request of the
 for all its database work together (`budget`). Past a statement's deadline its connection
 is abandoned: the server is asked to cancel the statement (where it can still be reached)
 and the connection's socket is shut down, which wakes psycopg at once with a lost
-connection; the pool replaces it.
+connection; the pool replaces it. The next connection to the same server and database that
+works ends the abandoned one's backend (`stranded`): a cancel request does not end a
+transaction, and a backend that stopped in the middle of a pipeline or a result would hold
+its locks for as long as a hung proxy holds on.
 
 A checkout also looks at what it is handed (`usable`): an idle connection whose socket
 has something to read was closed by the server (a restart, a failover, a terminated
@@ -34,7 +37,7 @@ import psycopg
 from psycopg import pq
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from service.db import shut_down
+from service.db import raw_query, shut_down
 from service.store.errors import StoreUnavailable
 
 log = logging.getLogger("webhooks.db")
@@ -67,6 +70,18 @@ _released: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float] = \
 _suspect: weakref.WeakKeyDictionary[AsyncConnectionPool, float] = weakref.WeakKeyDictionary()
 # Cancellations under way (kept referenced until they end).
 _cancelling: set[asyncio.Task[None]] = set()
+# The backends of abandoned connections, per server, database and role: (pid, loop time of
+# the abandonment); ended from the next connection there that works (end_stranded).
+Server = tuple[str, str, str, str]
+_stranded: dict[Server, list[tuple[int, float]]] = {}
+# A stranded backend not ended within this many seconds is forgotten (the server ended it,
+# or the service may not: another role's connection).
+STRANDED_FOR = 600.0
+
+
+def _server(conn: psycopg.AsyncConnection[Any]) -> Server:
+    info = conn.info
+    return (info.host, str(info.port), info.dbname, info.user)
 
 
 class DeadlineExceeded(StoreUnavailable):
@@ -134,7 +149,35 @@ def abandon(conn: psycopg.AsyncConnection[Any]) -> None:
     task = asyncio.ensure_future(_cancel(conn))
     _cancelling.add(task)
     task.add_done_callback(_cancelling.discard)
+    with contextlib.suppress(psycopg.Error):
+        _stranded.setdefault(_server(conn), []).append(
+            (conn.pgconn.backend_pid, asyncio.get_running_loop().time()))
     shut_down(fd)
+
+
+async def end_stranded(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """Ends, from `conn`, the backends abandoned on its server and database, if any; False
+    when `conn` itself failed (they wait for the next connection)."""
+    key = _server(conn)
+    now = asyncio.get_running_loop().time()
+    waiting = [(pid, at) for pid, at in _stranded.pop(key, ()) if now - at < STRANDED_FOR]
+    if not waiting:
+        return True
+    text, _ = raw_query("end_stranded")
+    try:
+        with watched(conn, PING_TIMEOUT, charge=False):
+            cur = await psycopg.AsyncRawCursor(conn).execute(
+                text, [[pid for pid, _ in waiting], [now - at for _, at in waiting]])
+            row = await cur.fetchone()
+    except (psycopg.Error, OSError, StoreUnavailable) as exc:
+        if conn.closed or conn.broken or isinstance(exc, StoreUnavailable):
+            _stranded.setdefault(key, []).extend(waiting)
+            return False
+        log.warning("could not end the backends of abandoned database connections: %s", exc)
+        return True
+    if row and row[0]:
+        log.warning("ended %d backend(s) of abandoned database connections", row[0])
+    return True
 
 
 async def _cancel(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -236,6 +279,8 @@ async def checked_out(pool: AsyncConnectionPool, timeout: float
                 raise DeadlineExceeded(f"no database connection within {timeout:g}s") from exc
             try:
                 ok = await usable(pool, conn, end - loop.time())
+                if ok and _stranded:
+                    ok = await end_stranded(conn)
             except BaseException:
                 await pool.putconn(conn)
                 raise

@@ -270,7 +270,60 @@ async def test_a_transaction_abandoned_behind_a_hung_proxy_releases_its_locks(
         await pool.close()
 
 
+async def test_a_statement_abandoned_while_the_server_sends_releases_its_locks(
+        db_url: str, conn: psycopg.Connection, proxy: Proxy) -> None:
+    """A backend stopped in the middle of a result, its client's proxy no longer reading,
+    is neither idle (no idle timeout ends it) nor cancellable (a cancel waits until it
+    can write again), and holds its transaction's locks as long as the proxy holds on: the
+    fan-out's advisory lock held that way stopped the fan-out of every worker. The next
+    connection that works ends the abandoned one's backend."""
+    key = 736_451
+    pool = make_pool(proxy.url(db_url), min_size=1, max_size=2, name="t-hung-send")
+    await pool.open(wait=True)
+
+    def held() -> bool:
+        row = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                           " AND objid = %s AND granted", (key,)).fetchone()
+        return row != (0,)
+
+    try:
+        store = Store(pool, 3.0)
+        statement = store.session()
+
+        async def send_a_lot() -> None:
+            async with statement as s:
+                await s._execute(sql.SQL(
+                    "WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock({})),"
+                    " w AS MATERIALIZED (SELECT pg_sleep(1) FROM l)"
+                    " SELECT repeat('x', 1000000) FROM w, generate_series(1, 64)"
+                ).format(key))
+
+        sending = asyncio.ensure_future(send_a_lot())
+        await poll(held, timeout=10, what="the statement's lock taken")
+        proxy.hang()  # these connections stop; new ones are forwarded
+        with pytest.raises(StoreUnavailable):
+            await sending
+        assert held(), "the abandoned statement's lock was released before a checkout"
+        await store.ping()  # the next connection that works ends the abandoned backend
+        await poll(lambda: not held(), timeout=10,
+                   what="the abandoned statement's lock released")
+    finally:
+        await pool.close()
+
+
 def test_service_connections_bound_an_idle_transaction_by_default(db_url: str) -> None:
     with connect(db_url) as c:
         row = c.execute("SHOW idle_in_transaction_session_timeout").fetchone()
     assert row == ("1min",)
+
+
+def test_the_server_notices_a_vanished_client_by_default(db_url: str) -> None:
+    """The server's keepalives and tcp_user_timeout are set on the service's connections
+    (a third of WEBHOOKS_DB_TCP_TIMEOUT to the first probe, the whole of it unacknowledged),
+    so that a backend whose client host vanished mid-statement ends instead of waiting
+    with its locks for the operating system's two hours."""
+    with connect(db_url) as c:
+        row = c.execute("SELECT current_setting('tcp_keepalives_idle'),"
+                        " current_setting('tcp_keepalives_count'),"
+                        " current_setting('tcp_user_timeout')").fetchone()
+    assert row == ("5", "4", "15000")
