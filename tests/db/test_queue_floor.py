@@ -23,11 +23,12 @@ from tests.db.test_partitions import (
     queue_settings,
     seed_day,
     seeded,
+    seeded_db,
     subscription,
 )
 from tests.support.worker import open_pool, running_worker
 
-__all__ = ["seeded"]  # the fixture, for the plan's test
+__all__ = ["seeded", "seeded_db"]  # the fixtures, for the plan's test
 
 
 def floor(conn: psycopg.Connection) -> datetime | None:
