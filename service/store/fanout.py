@@ -33,3 +33,9 @@ class FanoutQueries(AsyncQueries):
     async def reject_first_change(self, *, lock_key: int, reason: str) -> int:
         """Sets the first outbox statement aside whole; the rows it set aside."""
         return await self._run("fanout_reject_first", {"lock_key": lock_key, "reason": reason})
+
+    async def end_stuck_fanout(self, *, lock_key: int, stuck: float) -> int:
+        """Ends the backend that holds the fan-out's lock waiting for its client in a
+        transaction older than `stuck` seconds (fanout_end_stuck); how many were ended."""
+        row = await self._one("fanout_end_stuck", {"lock_key": lock_key, "stuck": stuck})
+        return int(row["ended"]) if row else 0

@@ -14,7 +14,13 @@ from service.store import Store, StoreError, StoreRejected
 from service.store.worker import ClaimParams
 from service.worker import delivery
 from service.worker.delivery import Claim
-from service.worker.fanout import FanoutBatch, FanoutSize, fan_out_batch, fanout_params
+from service.worker.fanout import (
+    FANOUT_LOCK,
+    FanoutBatch,
+    FanoutSize,
+    fan_out_batch,
+    fanout_params,
+)
 from service.worker.metrics import WorkerMetrics
 from service.worker.pacing import MIN_WAIT
 from service.worker.upkeep import Upkeep
@@ -24,6 +30,9 @@ log = logging.getLogger("webhooks.worker")
 
 # Seconds before the loop fans out again after a backlog's fan-out failed.
 CATCH_UP_RETRY = 0.5
+# Seconds without getting the fan-out's lock after which a worker ends a holder that waits
+# for its client in a transaction as old (fanout_end_stuck), once per as many seconds.
+STUCK_FANOUT = 30.0
 
 
 class Outbox:
@@ -48,6 +57,10 @@ class Outbox:
         self.round_trips = 0
         self.leased = 0
         self._backlog = asyncio.Event()
+        # Since when the fan-outs found the lock held (loop time), and when the holder may
+        # be looked at next.
+        self._locked_out_since: float | None = None
+        self._next_look = 0.0
 
     def due(self, now: float) -> bool:
         """Whether the loop fans out now: the wakeup says so, and no catch-up runs (the
@@ -70,7 +83,29 @@ class Outbox:
         now = asyncio.get_running_loop().time()
         self.upkeep.fanned_out(batch.created, now)
         if batch.locked:
+            self._locked_out_since = None
             await self.wakeup.after_fanout(self.store, batch.taken, now, limit)
+        else:
+            await self._locked_out(now)
+
+    async def _locked_out(self, now: float) -> None:
+        """Another connection holds the fan-out's lock: after STUCK_FANOUT seconds of that,
+        ends the holder if it waits for its client (a worker gone behind a proxy that keeps
+        its connection open would otherwise stop every worker's fan-out for good)."""
+        if self._locked_out_since is None:
+            self._locked_out_since = now
+        if now - self._locked_out_since < STUCK_FANOUT or now < self._next_look:
+            return
+        self._next_look = now + STUCK_FANOUT
+        try:
+            ended = await self.store.end_stuck_fanout(lock_key=FANOUT_LOCK, stuck=STUCK_FANOUT)
+        except StoreError as exc:
+            log.info("looking at the fan-out lock's holder failed: %s", exc)
+            return
+        if ended:
+            log.warning("ended the backend that held the fan-out's lock for %.0fs waiting for"
+                        " its client (a worker gone behind a connection left open)",
+                        now - self._locked_out_since)
 
     async def fan_out(self, lease: ClaimParams, limit: int, *, quiet: bool
                       ) -> tuple[FanoutBatch, list[Claim]] | None:

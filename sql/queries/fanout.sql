@@ -246,3 +246,24 @@ SELECT coalesce((SELECT a.table_oid::text FROM webhooks.attachments a
                   WHERE a.resource = f.resource), f.resource),
        f.name, %(reason)s, left(f.rows::text, 65536)
   FROM first f
+
+-- name: fanout_end_stuck --
+-- Ends the backend that holds the fan-out's lock while it waits for its client (idle in
+-- its transaction, or in the middle of a pipeline or a result) in a transaction older than
+-- %(stuck)s seconds: the connection of a worker killed or cut off behind a proxy that still
+-- holds it open, which no worker's deadline ends (service.store.deadline ends those a live
+-- worker abandoned), and which would stop every worker's fan-out. A fan-out that runs,
+-- however long, does not wait for its client. Only the service role's own backends of
+-- this database.
+SELECT count(pg_terminate_backend(a.pid))::int AS ended
+  FROM pg_locks l
+  JOIN pg_stat_activity a ON a.pid = l.pid
+ WHERE l.locktype = 'advisory' AND l.granted
+   AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+   AND l.classid = (%(lock_key)s::bigint >> 32)::oid
+   AND l.objid = (%(lock_key)s::bigint & 4294967295)::oid
+   AND l.objsubid = 1
+   AND a.pid <> pg_backend_pid() AND a.usename = current_user
+   AND a.xact_start < now() - make_interval(secs => %(stuck)s::float8)
+   AND (a.state IN ('idle in transaction', 'idle in transaction (aborted)')
+        OR a.wait_event IN ('ClientRead', 'ClientWrite'))

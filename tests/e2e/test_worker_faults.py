@@ -9,8 +9,11 @@ import time
 from pathlib import Path
 
 import psycopg
+import pytest
 from aiohttp import web
 
+from service.worker import outbox
+from service.worker.fanout import FANOUT_LOCK
 from service.worker.loop import open_worker
 from tests.support.receivers import Received, Receiver
 from tests.support.subscriptions import subscribe
@@ -82,6 +85,27 @@ async def test_two_workers_deliver_everything_once(db_url: str, conn: psycopg.Co
     assert counts == [("succeeded", 2000)]
     print(f"\n2,000 deliveries by two workers in {elapsed:.2f}s "
           f"({2000 / elapsed:.0f}/s)")
+
+
+async def test_a_fanout_lock_held_by_a_connection_gone_quiet_is_taken_back(
+        db_url: str, conn: psycopg.Connection, receiver: Receiver,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection that holds the fan-out's lock and waits for a client that is gone (a
+    worker killed behind a proxy that keeps its connection open) would stop every worker's
+    fan-out: after STUCK_FANOUT seconds locked out, a worker ends it."""
+    monkeypatch.setattr(outbox, "STUCK_FANOUT", 1.0)
+    subscribe(conn, receiver.url, events=["invoice.create"])
+    holder = psycopg.connect(db_url)  # a transaction, left idle with the lock
+    try:
+        holder.execute("SELECT pg_advisory_xact_lock(%s)", (FANOUT_LOCK,))
+        async with running_worker(db_url):
+            add_invoice(conn, "STUCK")
+            await receiver.wait_for(lambda r: len(r.deliveries()) == 1, timeout=20)
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
+                           (holder.info.backend_pid,)).fetchone()
+        assert row == (0,), "the lock's holder was not ended"
+    finally:
+        holder.close()
 
 
 async def test_killed_worker_loses_nothing(db_url: str, conn: psycopg.Connection,
