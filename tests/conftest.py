@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import os
 import sys
 import threading
@@ -47,10 +48,28 @@ def with_dbname(url: str, dbname: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "/" + dbname, parts.query, parts.fragment))
 
 
+@functools.cache
+def _server_version() -> int:
+    with psycopg.connect(SERVER_URL, autocommit=True) as conn:
+        return conn.info.server_version
+
+
+class _Janitor(DatabaseJanitor):
+    """Clones a template by copying its files (STRATEGY FILE_COPY, PostgreSQL 15+; the
+    only way before): PostgreSQL 15's default writes the whole template to the WAL, 0.4 s
+    of the server's CPU per clone against 0.14 s, for hundreds of clones a run."""
+
+    def _build_create_database_sql(self) -> sql.Composed:
+        query = super()._build_create_database_sql()
+        if self.template_dbname and _server_version() >= 150000:
+            query = query + sql.SQL(" STRATEGY FILE_COPY")
+        return query
+
+
 def _janitor(dbname: str, template: str | None = None, as_template: bool = False
              ) -> DatabaseJanitor:
     parts = urlsplit(SERVER_URL)
-    return DatabaseJanitor(
+    return _Janitor(
         user=parts.username or "postgres",
         password=parts.password,
         host=parts.hostname or "127.0.0.1",
