@@ -95,8 +95,11 @@ class Body(MsgspecDTO[T]):
         schema.additional_properties = False
         schema.required = schema.required or None  # no field is required: no list
         schema.description = " ".join((cls.model_type.__doc__ or "").split()) or None
-        for prop in (schema.properties or {}).values():
+        (_,), components = msgspec.json.schema_components([cls.model_type])
+        declared_fields = components[cls.model_type.__name__].get("properties", {})
+        for name, prop in (schema.properties or {}).items():
             _fold_single_choice(prop)
+            _constrain_choices(prop, declared_fields.get(name, {}))
         return result
 
     def decode_bytes(self, value: bytes) -> T:
@@ -105,6 +108,34 @@ class Body(MsgspecDTO[T]):
             return msgspec.json.decode(value, type=self.model_type)
         except (msgspec.DecodeError, RecursionError) as exc:  # ValidationError included
             raise BodyRefused(self.model_type, value, exc) from None
+
+
+# JSON Schema's constraint keywords and the names of Litestar's Schema fields for them.
+_CONSTRAINTS = (("pattern", "pattern"), ("minLength", "min_length"),
+                ("maxLength", "max_length"), ("minItems", "min_items"),
+                ("maxItems", "max_items"), ("minimum", "minimum"), ("maximum", "maximum"))
+
+
+def _constrain_choices(schema: Schema | Reference, declared: dict[str, Any]) -> None:
+    """Litestar leaves out the constraints of a union's members (a string's pattern, an
+    array's minItems and its items' pattern): they are copied from msgspec's own schema of
+    the field (`declared`), member by member."""
+    if not isinstance(schema, Schema) or not schema.one_of:
+        return
+    members = declared.get("anyOf") or []
+    if len(members) != len(schema.one_of):
+        return
+    for ours, theirs in zip(schema.one_of, members, strict=True):
+        if isinstance(ours, Schema):
+            _copy_constraints(ours, theirs)
+
+
+def _copy_constraints(schema: Schema, declared: dict[str, Any]) -> None:
+    for keyword, field in _CONSTRAINTS:
+        if keyword in declared and getattr(schema, field) is None:
+            setattr(schema, field, declared[keyword])
+    if isinstance(schema.items, Schema) and isinstance(declared.get("items"), dict):
+        _copy_constraints(schema.items, declared["items"])
 
 
 def _fold_single_choice(schema: Schema | Reference) -> None:
