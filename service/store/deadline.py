@@ -149,9 +149,11 @@ def abandon(conn: psycopg.AsyncConnection[Any]) -> None:
     task = asyncio.ensure_future(_cancel(conn))
     _cancelling.add(task)
     task.add_done_callback(_cancelling.discard)
+    now = asyncio.get_running_loop().time()
+    for key in [k for k, waiting in _stranded.items() if now - waiting[-1][1] >= STRANDED_FOR]:
+        del _stranded[key]  # a server or database no connection was taken from since
     with contextlib.suppress(psycopg.Error):
-        _stranded.setdefault(_server(conn), []).append(
-            (conn.pgconn.backend_pid, asyncio.get_running_loop().time()))
+        _stranded.setdefault(_server(conn), []).append((conn.pgconn.backend_pid, now))
     shut_down(fd)
 
 
