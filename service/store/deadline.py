@@ -11,7 +11,7 @@ for all its database work together (`budget`). Past a statement's deadline its c
 is abandoned: the server is asked to cancel the statement (where it can still be reached)
 and the connection's socket is shut down, which wakes psycopg at once with a lost
 connection; the pool replaces it. The next connection to the same server and database that
-works ends the abandoned one's backend (`stranded`): a cancel request does not end a
+works ends the abandoned one's backend (`end_abandoned`): a cancel request does not end a
 transaction, and a backend that stopped in the middle of a pipeline or a result would hold
 its locks for as long as a hung proxy holds on.
 
@@ -71,12 +71,12 @@ _suspect: weakref.WeakKeyDictionary[AsyncConnectionPool, float] = weakref.WeakKe
 # Cancellations under way (kept referenced until they end).
 _cancelling: set[asyncio.Task[None]] = set()
 # The backends of abandoned connections, per server, database and role: (pid, loop time of
-# the abandonment); ended from the next connection there that works (end_stranded).
+# the abandonment); ended from the next connection there that works (end_abandoned).
 Server = tuple[str, str, str, str]
-_stranded: dict[Server, list[tuple[int, float]]] = {}
-# A stranded backend not ended within this many seconds is forgotten (the server ended it,
+_abandoned: dict[Server, list[tuple[int, float]]] = {}
+# An abandoned backend not ended within this many seconds is forgotten (the server ended it,
 # or the service may not: another role's connection).
-STRANDED_FOR = 600.0
+ABANDONED_FOR = 600.0
 
 
 def _server(conn: psycopg.AsyncConnection[Any]) -> Server:
@@ -150,22 +150,22 @@ def abandon(conn: psycopg.AsyncConnection[Any]) -> None:
     _cancelling.add(task)
     task.add_done_callback(_cancelling.discard)
     now = asyncio.get_running_loop().time()
-    for key in [k for k, waiting in _stranded.items() if now - waiting[-1][1] >= STRANDED_FOR]:
-        del _stranded[key]  # a server or database no connection was taken from since
+    for key in [k for k, waiting in _abandoned.items() if now - waiting[-1][1] >= ABANDONED_FOR]:
+        del _abandoned[key]  # a server or database no connection was taken from since
     with contextlib.suppress(psycopg.Error):
-        _stranded.setdefault(_server(conn), []).append((conn.pgconn.backend_pid, now))
+        _abandoned.setdefault(_server(conn), []).append((conn.pgconn.backend_pid, now))
     shut_down(fd)
 
 
-async def end_stranded(conn: psycopg.AsyncConnection[Any]) -> bool:
+async def end_abandoned(conn: psycopg.AsyncConnection[Any]) -> bool:
     """Ends, from `conn`, the backends abandoned on its server and database, if any; False
     when `conn` itself failed (they wait for the next connection)."""
     key = _server(conn)
     now = asyncio.get_running_loop().time()
-    waiting = [(pid, at) for pid, at in _stranded.pop(key, ()) if now - at < STRANDED_FOR]
+    waiting = [(pid, at) for pid, at in _abandoned.pop(key, ()) if now - at < ABANDONED_FOR]
     if not waiting:
         return True
-    text, _ = raw_query("end_stranded")
+    text, _ = raw_query("end_abandoned")
     try:
         with watched(conn, PING_TIMEOUT, charge=False):
             cur = await psycopg.AsyncRawCursor(conn).execute(
@@ -173,7 +173,7 @@ async def end_stranded(conn: psycopg.AsyncConnection[Any]) -> bool:
             row = await cur.fetchone()
     except (psycopg.Error, OSError, StoreUnavailable) as exc:
         if conn.closed or conn.broken or isinstance(exc, StoreUnavailable):
-            _stranded.setdefault(key, []).extend(waiting)
+            _abandoned.setdefault(key, []).extend(waiting)
             return False
         log.warning("could not end the backends of abandoned database connections: %s", exc)
         return True
@@ -281,8 +281,8 @@ async def checked_out(pool: AsyncConnectionPool, timeout: float
                 raise DeadlineExceeded(f"no database connection within {timeout:g}s") from exc
             try:
                 ok = await usable(pool, conn, end - loop.time())
-                if ok and _stranded:
-                    ok = await end_stranded(conn)
+                if ok and _abandoned:
+                    ok = await end_abandoned(conn)
             except BaseException:
                 await pool.putconn(conn)
                 raise

@@ -1,7 +1,7 @@
 -- Connections: what the service does about its own backends; loaded by
 -- service.db.queries().
 
--- name: end_stranded --
+-- name: end_abandoned --
 -- Ends the backends of connections the service abandoned (service.store.deadline): behind
 -- a proxy that hangs, the server still sees them alive, and one that stopped in the middle
 -- of a pipeline or a result holds its transaction's locks (the fan-out's among them) for

@@ -1,5 +1,5 @@
 """The backends of abandoned connections are ended from the next connection that works
-(service.store.deadline, end_stranded): only those that started before they were abandoned,
+(service.store.deadline, end_abandoned): only those that started before they were abandoned,
 so a pid the server has given a new backend since is left alone."""
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ async def test_only_backends_older_than_their_abandonment_are_ended(
             async with open_pool(db_url, max_size=1) as pool:
                 async with pool.connection() as probe:
                     key = deadline._server(probe)
-                deadline._stranded[key] = [(before.info.backend_pid, abandoned_at),
+                deadline._abandoned[key] = [(before.info.backend_pid, abandoned_at),
                                            (after.info.backend_pid, abandoned_at)]
-                await Store(pool).ping()  # its checkout ends what is stranded there
-            assert key not in deadline._stranded
+                await Store(pool).ping()  # its checkout ends what was abandoned there
+            assert key not in deadline._abandoned
             await poll(lambda: not alive(conn, before.info.backend_pid), timeout=10,
                        what="the backend older than its abandonment ended")
             assert alive(conn, after.info.backend_pid)
