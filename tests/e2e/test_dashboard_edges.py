@@ -264,3 +264,54 @@ async def test_a_strict_queue_shows_what_waits_behind_its_first_delivery(
                 await page.screenshot(path=str(Path(shots) / "strict-queue.png"),
                                       full_page=True)
             await context.close()
+
+
+async def test_an_earlier_refresh_answered_late_does_not_bring_back_a_deleted_row(
+        api: Api, browser: Any) -> None:
+    """A follow-up's refresh of the list, sent before a deletion and answered after the
+    deletion's own refresh, is not shown: only the latest load of a list is."""
+    from playwright.async_api import expect
+
+    gone = await api.create(target=api.receiver.url + "/gone")
+    await api.create(target=api.receiver.url + "/kept")
+    context, page = await connected(api, browser)
+    kept, deleted = row_of(page, "/kept"), row_of(page, "/gone")
+    await expect(deleted).to_have_count(1)
+
+    held: list[tuple[Any, Any]] = []  # the refresh fetched before the deletion, unanswered
+    later: list[Any] = []             # refreshes after it was answered, never answered
+    phase = {"holding": True, "answered": False}
+
+    async def lists(route: Any) -> None:
+        if route.request.method != "GET":
+            await route.continue_()
+        elif phase["holding"]:
+            phase["holding"] = False
+            held.append((route, await route.fetch()))
+        elif phase["answered"]:
+            later.append(route)
+        else:
+            await route.continue_()
+
+    await page.route(re.compile(r"/api/v1/webhooks/\?limit="), lists)
+    # Send test event refreshes the list a second later (its follow-up): that refresh is
+    # fetched now, with the subscription still there, and held.
+    await kept.get_by_role("button", name="Send test event").click()
+    await poll_async(lambda: _true(held), "the follow-up's refresh held")
+    page.once("dialog", lambda dialog: dialog.accept())
+    await deleted.get_by_role("button", name="Delete").click()
+    await expect(page.get_by_role("status")).to_contain_text(f"Subscription {gone['id']} deleted")
+    await expect(deleted).to_have_count(0)
+    # The held refresh is answered now; the follow-up's next refresh comes once it has
+    # been handled, and waits unanswered: the list is what that old answer left.
+    route, response = held[0]
+    phase["answered"] = True
+    await route.fulfill(response=response)
+    await poll_async(lambda: _true(later), "the follow-up's next refresh", timeout=30)
+    assert await deleted.count() == 0, "an older answer brought the deleted row back"
+    assert await kept.count() == 1
+    await context.close()
+
+
+async def _true(items: list[Any]) -> bool:
+    return bool(items)

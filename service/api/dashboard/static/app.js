@@ -17,7 +17,16 @@ const state = {
   followUp: null,     // timer of the refreshes after an action
   backfill: null,     // timer of the progress of the backfill last started
   hookEvents: [],     // {resource, event} of GET /hook_events/
+  loads: { subscriptions: 0, log: 0 },  // the latest load of each, numbered
 };
+
+// Each load of a list is numbered, and only the latest is shown: an earlier one answered
+// later (a follow-up's refresh overtaken by a deletion's) would put back what is gone.
+function startLoad(list) {
+  state.loads[list] += 1;
+  const load = state.loads[list];
+  return () => load === state.loads[list];
+}
 
 function showError(error) {
   const box = $("error");
@@ -73,6 +82,7 @@ function marks(sub) {
 // --- subscriptions -----------------------------------------------------------------------
 
 async function loadSubscriptions() {
+  const latest = startLoad("subscriptions");
   const all = [];
   let after = null;
   for (let page = 0; page < 20; page += 1) {  // up to 20 000 subscriptions
@@ -82,6 +92,7 @@ async function loadSubscriptions() {
     if (data.length < 1000) break;
     after = data[data.length - 1].id;
   }
+  if (!latest()) return;
   state.subscriptions = all;
   renderSubscriptions();
 }
@@ -267,7 +278,9 @@ async function loadLog() {
   if (status) params.set("status", status);
   const before = state.cursors[state.cursors.length - 1];
   if (before) params.set("before", before);
+  const latest = startLoad("log");
   const { data, next } = await call("GET", `/webhooks/${state.log.id}/deliveries?${params}`);
+  if (!latest()) return;
   state.next = next;
   renderLog(data);
   await loadLatestBackfill();
