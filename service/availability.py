@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 
-from service.db import MIGRATIONS_DIR, YOYO_SCHEMA, conninfo
+from service.db import MIGRATION_LOCK, MIGRATIONS_DIR, YOYO_SCHEMA, conninfo
 
 log = logging.getLogger("webhooks.availability")
 
@@ -64,18 +64,36 @@ async def not_migrated(conn: psycopg.AsyncConnection[Any]) -> str | None:
     return None
 
 
+async def migration_under_way(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """Whether `webhooks migrate` holds its lock on the database of `conn` now: between its
+    numbered migrations and the functions it installs after them, the database looks
+    migrated and is not yet."""
+    cur = await conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l"
+        " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
+        "   AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d"
+        "                      WHERE d.datname = pg_catalog.current_database())"
+        "   AND l.classid = %s::oid AND l.objid = %s::oid)",
+        (MIGRATION_LOCK >> 32, MIGRATION_LOCK & 0xFFFFFFFF))
+    row = await cur.fetchone()
+    return bool(row and row[0])
+
+
 async def wait_until_migrated(url: str, stop: asyncio.Event, *, every: float = 2.0) -> bool:
     """Returns True once the database at `url` is migrated for this version, False if
     `stop` is set first. Says so in one log line when it is not, then looks again every
     `every` seconds without a word (a connection failure meanwhile too: the loop that
-    follows reports those), and in one line when it is."""
-    said = False
+    follows reports those), and in one line when it is. While `webhooks migrate` runs it
+    waits for the end (migration_under_way), looking every half second."""
+    said = running = False
     while not stop.is_set():
         try:
             conn = await psycopg.AsyncConnection.connect(conninfo(url), connect_timeout=10,
                                                          autocommit=True)
             try:
                 reason = await not_migrated(conn)
+                if reason is None and await migration_under_way(conn):
+                    reason = "under way"
             finally:
                 await conn.close()
         except psycopg.Error as exc:
@@ -85,7 +103,12 @@ async def wait_until_migrated(url: str, stop: asyncio.Event, *, every: float = 2
             if said:
                 log.info("the database is migrated now; starting")
             return True
-        if not said and reason != "unknown":
+        if reason == "under way":
+            if not running:
+                log.info("`webhooks migrate` is running; waiting until it ends")
+            running = True
+            every = min(every, 0.5)
+        elif not said and reason != "unknown":
             log.warning("%s; waiting until it is", reason)
             said = True
         with contextlib.suppress(TimeoutError):
