@@ -37,7 +37,7 @@ install: $(STAMP) ## create .venv with the service and its dependencies
 # tests/conftest.py), then the serial ones (they measure time or load) alone. One report
 # of service/'s line coverage covers both; PYTEST_ARGS go to both passes. A pass that
 # selects no test (exit 5) is no failure unless neither selects one.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 PYTEST := $(BIN)/python -m pytest
 
 test: install ## run the whole test suite against a real PostgreSQL, with service/'s coverage
