@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import socket
 import time
 from collections.abc import AsyncIterator
 
@@ -14,6 +13,7 @@ from aiohttp import web
 
 from service.api.handshake import BODY_LIMIT, HandshakeFailed, new_secret, verify
 from service.http import make_client
+from tests.support.net import free_port
 from tests.support.receivers import Received, Receiver, echo_secret, status
 
 # The verification timeout of a target that answers: long enough for an answer from this
@@ -29,13 +29,11 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
 
 
 def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_port()  # nothing listens there, and the kernel hands it to no socket
 
 
 async def failure(client: httpx.AsyncClient, url: str, secret: str | None = None,
-                  timeout: float = 0.5) -> str:
+                  timeout: float = ANSWERED) -> str:
     secret = secret or new_secret()
     with pytest.raises(HandshakeFailed) as info:
         await verify(client, url, secret, timeout)

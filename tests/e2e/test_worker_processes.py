@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 import urllib.error
 import urllib.request
@@ -15,6 +14,7 @@ from pathlib import Path
 import psycopg
 
 from service.commands.processes import api_child_argv, child_argv
+from tests.support.net import free_port
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe
 from tests.support.worker import poll, worker_env
@@ -99,10 +99,6 @@ async def test_processes_deliver_together_restart_a_dead_child_and_stop_cleanly(
     assert len(set(ids)) == 400
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def healthz(port: int, timeout: float = 10.0) -> int:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -24,13 +23,7 @@ import psycopg
 
 from service import db
 from service.commands.devdb import _as_server_user, bindir
-
-
-def free_port() -> int:
-    """A port of 127.0.0.1 free now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.support.net import free_port
 
 
 def _run(argv: Sequence[str], timeout: float = 120) -> None:
