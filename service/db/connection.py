@@ -135,6 +135,13 @@ def network_options(tcp_timeout: float = TCP_TIMEOUT,
     }
 
 
+# libpq's parameters of network_options and the server's settings of the same meaning.
+_SERVER_SIDE = {"keepalives_idle": "tcp_keepalives_idle",
+                "keepalives_interval": "tcp_keepalives_interval",
+                "keepalives_count": "tcp_keepalives_count",
+                "tcp_user_timeout": "tcp_user_timeout"}
+
+
 def server_network_settings(tcp_timeout: float = TCP_TIMEOUT) -> dict[str, str]:
     """The server's side of network_options, set on each service connection: its own
     keepalives and tcp_user_timeout notice a client host that vanished (a crashed node, a
@@ -142,13 +149,8 @@ def server_network_settings(tcp_timeout: float = TCP_TIMEOUT) -> dict[str, str]:
     vanished in the middle of a pipeline or a result waits for the operating system's
     keepalives (two hours by default) with its transaction's locks held. Ignored on a Unix
     socket; the URL's own options may set them."""
-    idle = max(1, round(tcp_timeout / 3))
-    return {
-        "tcp_keepalives_idle": str(idle),
-        "tcp_keepalives_interval": str(max(1, round((tcp_timeout - idle) / 4))),
-        "tcp_keepalives_count": "4",
-        "tcp_user_timeout": str(max(1, round(tcp_timeout * 1000))),
-    }
+    client = network_options(tcp_timeout)
+    return {setting: str(client[parameter]) for parameter, setting in _SERVER_SIDE.items()}
 
 
 def conninfo(url: str, settings: dict[str, str] | None = None, *,
