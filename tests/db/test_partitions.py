@@ -20,7 +20,7 @@ from service.worker import pruning
 from service.worker.fanout import fanout_params
 from service.worker.pacing import claim_params
 from service.worker.pruning import prune
-from tests.conftest import SERVER_URL, Clones, drop_database, with_dbname
+from tests.conftest import SERVER_URL, TEST_OPTIONS, Clones, drop_database, with_dbname
 from tests.support.claims import claim
 from tests.support.schema import migrate_to
 from tests.support.worker import open_pool, running_worker
@@ -283,7 +283,7 @@ def seeded_db(clones: Clones) -> Iterator[str]:
     name = clones.take(ahead=False)
     url = with_dbname(SERVER_URL, name)
     try:
-        with psycopg.connect(url, autocommit=True) as conn:
+        with psycopg.connect(url, autocommit=True, options=TEST_OPTIONS) as conn:
             seed_week(conn)
         yield url
     finally:
@@ -292,7 +292,7 @@ def seeded_db(clones: Clones) -> Iterator[str]:
 
 @pytest.fixture
 def seeded(seeded_db: str) -> Iterator[psycopg.Connection]:
-    with psycopg.connect(seeded_db, autocommit=True) as conn:
+    with psycopg.connect(seeded_db, autocommit=True, options=TEST_OPTIONS) as conn:
         yield conn
 
 
@@ -359,7 +359,7 @@ def test_claim_finds_each_event_in_the_newest_partitions_first(
     before it was probed for each delivery)."""
     conn = seeded
     with conn.transaction(force_rollback=True), conn.cursor() as cur:
-        for name, value in {**QUEUE_SETTINGS, "jit": "off"}.items():
+        for name, value in QUEUE_SETTINGS.items():
             cur.execute("SELECT set_config(%s, %s, true)", (name, value))
         rows = cur.execute(b"EXPLAIN (ANALYZE, COSTS OFF) " + db.query("claim").encode(),
                            CLAIM_ALL).fetchall()
@@ -421,7 +421,7 @@ def test_migration_0005_keeps_300k_deliveries(empty_db: str) -> None:
     a million rows was the alternative): 300,000 deliveries, events and attempts."""
     migrate_to(empty_db, "0004.failure-lifecycle")
     n = 300_000
-    with psycopg.connect(empty_db, autocommit=True, options="-c jit=off") as conn:
+    with psycopg.connect(empty_db, autocommit=True, options=TEST_OPTIONS) as conn:
         subs = [subscription(conn) for _ in range(10)]
         conn.execute("INSERT INTO webhooks.events (id, hook_resource, name, occurred_at, body)"
                      " SELECT nextval('webhooks.event_ids'), 'invoices', 'invoice.create',"
@@ -545,10 +545,9 @@ def prepare(conn: psycopg.Connection, name: str, params: dict[str, Any]) -> str:
 
 
 def queue_settings(conn: psycopg.Connection) -> None:
-    """The settings of the worker's queue pool, on `conn`, and `jit` off as on every
-    connection of the service (the disabled plan nodes' costs made this connection JIT
-    compile each claim: 3 s for a 10 ms query)."""
-    for name, value in {**QUEUE_SETTINGS, "jit": "off"}.items():
+    """The settings of the worker's queue pool, on `conn` (one with TEST_OPTIONS: `jit` off,
+    as on the service's)."""
+    for name, value in QUEUE_SETTINGS.items():
         conn.execute(psycopg.sql.SQL("SET {} = {}").format(psycopg.sql.Identifier(name),
                                                            psycopg.sql.Literal(value)))
 
