@@ -232,4 +232,5 @@ def phrase(kind: Any, arrays: bool = False) -> str:
 
 _WORDS: dict[type, str] = {
     inspect.StrType: "a string", inspect.BoolType: "true or false", inspect.FloatType: "a number",
+    inspect.DateTimeType: "an RFC 3339 timestamp with a time zone, such as 2026-11-20T08:00:00Z",
     inspect.NoneType: "null", inspect.DictType: "an object", inspect.AnyType: "any JSON value"}

@@ -18,7 +18,7 @@ from litestar.params import JSONBody, Parameter
 from msgspec import UNSET, Meta, UnsetType
 
 from service.api.auth import authenticated
-from service.api.bodies import Body, Text
+from service.api.bodies import Body
 from service.api.deps import IdPath, PrincipalDep, StoreDep
 from service.api.errors import ApiError, error_responses
 from service.api.models import (
@@ -186,11 +186,12 @@ def _requeue_error(exc: StoreRejected, subscription_id: int, what: str) -> ApiEr
 class Recover(msgspec.Struct, forbid_unknown_fields=True):
     """The window of a recover: its failed deliveries created in [since, until)."""
 
-    since: Annotated[Text, Meta(
-        description="RFC 3339: failed deliveries created at or after this time are queued "
-                    "again", examples=["2026-11-20T08:00:00Z"])]
-    until: Annotated[Text, Meta(description="RFC 3339: and before this time (default: now)",
-                                examples=["2026-11-22T08:00:00Z"])] | UnsetType = UNSET
+    since: Annotated[datetime, Meta(
+        tz=True, description="RFC 3339: failed deliveries created at or after this time are "
+                             "queued again", examples=["2026-11-20T08:00:00Z"])]
+    until: Annotated[datetime, Meta(tz=True, description="RFC 3339: and before this time "
+                                    "(default: now)", examples=["2026-11-22T08:00:00Z"])
+                     ] | UnsetType = UNSET
 
 
 # --- routes -------------------------------------------------------------------------
@@ -287,8 +288,7 @@ async def recover(webhook_id: IdPath, data: JSONBody[Recover], principal: Princi
     """Every failed delivery created in [since, until) becomes pending and due now, keeping
     its id; 409 while the subscription is inactive."""
     sub = await _subscription(store, webhook_id, principal)
-    since = parse_time("since", data.since)
-    until = parse_time("until", data.until) if isinstance(data.until, str) else None
+    since, until = data.since, (None if isinstance(data.until, UnsetType) else data.until)
     if until is not None and until <= since:
         raise ApiError(400, "until must be later than since")
     try:

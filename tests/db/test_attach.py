@@ -1,11 +1,21 @@
-"""webhooks.attach / webhooks.detach: the DBA's interface, including every bad input."""
+"""webhooks.attach / webhooks.detach: the DBA's interface, including every bad input, and
+what its settings do: no row means no old row either, a column sent again is announced, a
+dropped table stops its subscriptions, saying why (the API's side of these:
+tests/e2e/test_guest_dba.py)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import psycopg
 import pytest
+from psycopg_pool import AsyncConnectionPool
 
-from tests.support.subscriptions import subscribe_to
+from service.store import Store
+from tests.support.fanout import drain_outbox
+from tests.support.notes import attach, bodies, make_notes
+from tests.support.subscriptions import subscribe, subscribe_to, subscription
+from tests.support.worker import open_pool
 
 
 def registry(conn: psycopg.Connection, resource: str) -> list[tuple[str, bool]]:
@@ -27,6 +37,12 @@ def shipments(conn: psycopg.Connection) -> psycopg.Connection:
             shipment_no bigint PRIMARY KEY, invoice_id bigint, carrier text,
             secret_note text, tenant text, edited_by text)""")
     return conn
+
+
+@pytest.fixture
+async def pool(db_url: str) -> AsyncIterator[AsyncConnectionPool]:
+    async with open_pool(db_url, max_size=4) as p:
+        yield p
 
 
 def test_nested_events_are_registered_under_the_parent(conn: psycopg.Connection) -> None:
@@ -140,3 +156,71 @@ def test_bad_input_is_a_clear_error_and_changes_nothing(
         conn.execute(f"SELECT {call}")
     assert message in str(error.value)
     assert snapshot() == before
+
+
+# --- what the DBA's settings do (tests/e2e/test_guest_dba.py: through the API) -------
+
+# include_row => false sends no row, old or new.
+
+def test_attach_refuses_previous_without_row(conn: psycopg.Connection) -> None:
+    conn.execute("CREATE TABLE notes (id bigint PRIMARY KEY, body text)")
+    with pytest.raises(psycopg.errors.InvalidParameterValue,
+                       match="include_previous => true needs include_row => true"):
+        attach(conn, include_row=False, include_previous=True)
+    assert conn.execute("SELECT count(*) FROM webhooks.attachments "
+                        "WHERE resource = 'notes'").fetchone() == (0,)
+
+
+async def test_an_earlier_attachment_with_previous_and_no_row_sends_neither(
+        conn: psycopg.Connection, pool: AsyncConnectionPool) -> None:
+    make_notes(conn, include_row=False)
+    # As an earlier version let it be, and as its capture function queued it.
+    conn.execute("UPDATE webhooks.attachments SET include_previous = true "
+                 "WHERE resource = 'notes'")
+    conn.execute("SELECT webhooks.install_capture('notes')")
+    subscribe(conn, resource="notes", events=["note.update"])
+    conn.execute("INSERT INTO notes VALUES (1, 'old', 's')")
+    conn.execute("UPDATE notes SET body = 'new' WHERE id = 1")
+    conn.execute("UPDATE notes SET body = 'newer' WHERE id = 1")
+    conn.execute("UPDATE webhooks.outbox SET include_previous = true "
+                 "WHERE id = (SELECT max(id) FROM webhooks.outbox)")
+    await drain_outbox(Store(pool), 100)
+    sent = bodies(conn, "note.update")
+    assert len(sent) == 2
+    for body in sent:
+        assert set(body) == {"event"}, body
+        assert body["event"]["changed"] == ["body"]
+
+
+# A column sent again is announced.
+
+def test_reattaching_without_an_excluded_column_names_it_in_a_notice(
+        conn: psycopg.Connection) -> None:
+    # A Diagnostic is readable only inside the handler.
+    notices: list[tuple[str | None, str | None]] = []
+    conn.add_notice_handler(lambda d: notices.append((d.severity_nonlocalized,
+                                                      d.message_primary)))
+    make_notes(conn, exclude_columns=["secret"])
+    attach(conn, exclude_columns=["secret"])
+    assert [n for n in notices if "now sends" in (n[1] or "")] == []
+    attach(conn)
+    [(severity, message)] = [n for n in notices if "now sends" in (n[1] or "")]
+    assert severity == "NOTICE"
+    assert "column(s) secret," in (message or "")
+
+    notices.clear()
+    attach(conn, columns=["id"])
+    attach(conn)
+    [(_, again)] = [n for n in notices if "now sends" in (n[1] or "")]
+    assert "column(s) body, secret," in (again or "")
+
+
+# A dropped table leaves its subscriptions inactive, saying why.
+
+def test_dropping_an_attached_table_stops_its_subscriptions(conn: psycopg.Connection) -> None:
+    make_notes(conn)
+    sid, _ = subscribe(conn, resource="notes", events=["note.create"])
+    conn.execute("DROP TABLE notes")
+    row = subscription(conn, sid)
+    assert row["active"] is False
+    assert "public.notes was dropped" in row["inactive_reason"]

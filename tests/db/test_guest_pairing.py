@@ -1,7 +1,8 @@
 """Updates pair each new row with its own old row by the table's primary key, or a unique
 index, that holds the id column: rows of different tenants sharing an id are never paired
 with each other, one statement updating N rows makes at most N events, and `attach`
-refuses a table without such a key."""
+refuses a table without such a key (as a table whose id has a type without an ordering,
+json, always is)."""
 
 from __future__ import annotations
 
@@ -91,6 +92,13 @@ def test_a_table_without_a_key_holding_the_id_is_refused(conn: psycopg.Connectio
     assert conn.execute("SELECT count(*) FROM webhooks.attachments").fetchone() == before
     assert conn.execute("SELECT count(*) FROM webhooks.hook_events WHERE resource = 'loose'"
                         ).fetchone() == (0,)
+
+
+def test_an_id_type_without_an_ordering_is_refused(conn: psycopg.Connection) -> None:
+    # No key can hold a json id, so attach refuses the table before a backfill could.
+    conn.execute("CREATE TABLE public.docs (id json, body text)")
+    with pytest.raises(psycopg.errors.InvalidTableDefinition, match="no primary key"):
+        conn.execute("SELECT webhooks.attach('public.docs', resource => 'docs', noun => 'doc')")
 
 
 def test_a_unique_index_holding_the_id_is_the_key(conn: psycopg.Connection) -> None:

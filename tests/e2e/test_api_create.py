@@ -150,28 +150,14 @@ async def test_no_connection_is_held_during_the_handshake(db_url: str) -> None:
         await receiver.stop()
 
 
+# That the API puts a target through the SSRF guard (and a NUL through the body's check)
+# before any request, and stores nothing; every form the guard refuses, and why:
+# tests/unit/test_ssrf.py.
 @pytest.mark.parametrize(("target", "fragment"), [
     ("{receiver}", "loopback"),
-    ("http://localhost:{port}/hook", "loopback"),
-    ("http://[::1]:{port}/hook", "loopback"),
-    ("http://[::ffff:127.0.0.1]:{port}/hook", "loopback"),
-    ("http://2130706433:{port}/hook", "loopback"),
-    ("http://10.0.0.1/hook", "private"),
-    ("http://192.168.1.1/hook", "private"),
     ("http://169.254.169.254/latest/meta-data", "link-local"),
-    ("http://100.64.0.1/hook", "non-public"),
-    ("http://0.0.0.0/hook", "unspecified"),
-    ("http://[fe80::1]/hook", "link-local"),
-    ("http://[fc00::1]/hook", "private"),
-    ("http://224.0.0.1/hook", "multicast"),
     ("ftp://example.com/hook", "http"),
-    ("file:///etc/passwd", "http"),
-    ("http://user:pw@example.com/hook", "user name"),
     ("http://user@127.0.0.1:{port}/hook", "user name"),
-    ("not a url", "spaces"),
-    ("http:///nohost", "no host"),
-    ("http://example.com:99999/", "valid URL"),
-    ("//example.com/hook", "http"),
     ("http://exa\x00mple.com/", "NUL"),
 ])
 async def test_ssrf_guard_refuses_private_targets(db_url: str, target: str,

@@ -46,12 +46,10 @@ async def test_requests_without_a_valid_token_are_401(api: Api) -> None:
 
 
 async def test_malformed_bodies_are_400(api: Api) -> None:
+    # Each form of a bad body, for every body type: tests/unit/test_bodies.py.
     cases: list[tuple[bytes, str]] = [
-        (b"", "empty"), (b"   ", "empty"), (b"{", "not valid JSON"), (b"{'a': 1}", "JSON"),
-        (b"[1, 2]", "JSON object, not an array"), (b'"text"', "not a string"),
-        (b"null", "not null"), (b"42", "not a number"), (b"\xff\xfe{}", "JSON"),
-        (b'{"resource": "inv\xe9oices"}', "JSON"), (b"[" * 20000 + b"]" * 20000, "JSON"),
-        (b"NaN", "JSON"), (b'{"a": 1e999999}', ""),
+        (b"", "empty"), (b"{", "not valid JSON"), (b"[1, 2]", "JSON object, not an array"),
+        (b"\xff\xfe{}", "JSON"), (b"[" * 20000 + b"]" * 20000, "JSON"), (b'{"a": 1e999999}', ""),
     ]
     for path, method in (("/api/v1/webhooks", "POST"), ("/api/v1/webhooks/1", "PUT")):
         for raw, fragment in cases:
@@ -61,18 +59,12 @@ async def test_malformed_bodies_are_400(api: Api) -> None:
 
 async def test_field_errors_name_the_field(api: Api) -> None:
     good = {"resource": "invoices", "events": "create", "target": api.receiver.url}
+    # Every field's errors, for every body type: tests/unit/test_bodies.py.
     cases: list[tuple[dict[str, Any], str]] = [
         ({k: v for k, v in good.items() if k != "events"}, "missing field 'events'"),
-        ({}, "missing field 'resource'"),
-        ({**good, "active": True}, "unknown field 'active'"),
         ({**good, "secret": "whsec_abc"}, "unknown field 'secret'"),
-        ({**good, "events": [1]}, "'events' must be an array of strings"),
         ({**good, "events": None}, "'events' must be a string or an array of strings, not null"),
-        ({**good, "resource": 1}, "'resource' must be a string, not a number"),
-        ({**good, "target": {"url": "x"}}, "'target' must be a string, not an object"),
-        ({**good, "target": True}, "'target' must be a string, not a boolean"),
         ({**good, "resource": "invoices\x00"}, "NUL"),
-        ({**good, "events": "create\x00"}, "NUL"),
         ({**good, "resource": "x" * 60000}, "unknown resource"),
     ]
     for body, fragment in cases:

@@ -1,53 +1,14 @@
 """Limits that protect the service: body size, subscriptions per owner (race-free), request
 rate per token, target length, events per subscription. Each is a clear error that changes
-nothing."""
+nothing. Their settings: tests/unit/test_config.py; the token bucket:
+tests/unit/test_ratelimit.py."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-import pytest
-
-from service.api.ratelimit import RateLimiter, retry_after
-from service.config import ConfigError, Settings
 from tests.support.api import api_for, assert_error
-
-
-def test_settings_from_env() -> None:
-    settings = Settings.from_env({
-        "WEBHOOKS_MAX_BODY_BYTES": "1024", "WEBHOOKS_MAX_SUBSCRIPTIONS_PER_OWNER": "5",
-        "WEBHOOKS_MAX_EVENTS_PER_SUBSCRIPTION": "3", "WEBHOOKS_MAX_TARGET_LENGTH": "300",
-        "WEBHOOKS_RATE_LIMIT": "2.5", "WEBHOOKS_RATE_BURST": "7"})
-    assert (settings.max_body_bytes, settings.max_subscriptions_per_owner,
-            settings.max_events_per_subscription, settings.max_target_length,
-            settings.rate_limit, settings.rate_burst) == (1024, 5, 3, 300, 2.5, 7)
-    defaults = Settings.from_env({})
-    assert (defaults.max_body_bytes, defaults.max_subscriptions_per_owner,
-            defaults.max_events_per_subscription, defaults.max_target_length,
-            defaults.rate_limit, defaults.rate_burst) == (65536, 1000, 100, 2048, 100.0, 200)
-    assert Settings.from_env({"WEBHOOKS_RATE_LIMIT": "0"}).rate_limit == 0
-    for name, bad in (("WEBHOOKS_MAX_BODY_BYTES", "0"), ("WEBHOOKS_RATE_LIMIT", "-1"),
-                      ("WEBHOOKS_MAX_SUBSCRIPTIONS_PER_OWNER", "1.5"),
-                      ("WEBHOOKS_RATE_BURST", "many")):
-        with pytest.raises(ConfigError, match=name):
-            Settings.from_env({name: bad})
-
-
-def test_token_bucket() -> None:
-    now = [0.0]
-    limiter = RateLimiter(rate=2.0, burst=3, clock=lambda: now[0])
-    assert [limiter.acquire(1) for _ in range(3)] == [0.0, 0.0, 0.0]
-    assert limiter.acquire(1) == pytest.approx(0.5)
-    assert limiter.acquire(2) == 0.0  # buckets are per key
-    now[0] = 0.5
-    assert limiter.acquire(1) == 0.0
-    assert limiter.acquire(1) > 0
-    now[0] = 100.0  # refills up to the burst, not beyond
-    assert [limiter.acquire(1) for _ in range(4)][-1] > 0
-    off = RateLimiter(rate=0.0, burst=1)
-    assert all(off.acquire(1) == 0.0 for _ in range(1000))
-    assert retry_after(0.01) == "1" and retry_after(2.2) == "3"
 
 
 async def test_body_limit_is_configurable(db_url: str) -> None:

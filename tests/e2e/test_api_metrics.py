@@ -1,5 +1,6 @@
 """GET /metrics on the API: request counts by route template and status, latency, handshake
-outcomes; a registry per app; no token, secret or target in any label."""
+outcomes; no token, secret or target in any label (a registry per app:
+tests/unit/test_api_metrics.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from service import store, tokens
-from service.api.app import create_app
 from service.config import Settings
 from tests.support.api import Api, serving
 from tests.support.receivers import Received, status
@@ -94,14 +94,6 @@ async def test_metrics_need_no_token_and_are_not_in_the_schema(api: Api) -> None
     assert (await api.http.get("/metrics/")).status_code == 200
     doc = (await api.http.get("/schema/openapi.json")).json()
     assert "/metrics" not in doc["paths"]
-
-
-def test_every_app_has_its_own_registry(db_url: str) -> None:
-    apps = [create_app(Settings(database_url=db_url)) for _ in range(5)]
-    registries = {id(app.state.metrics.registry) for app in apps}
-    assert len(registries) == 5
-    apps[0].state.metrics.handshake("verified")
-    assert apps[1].state.metrics.handshakes.labels("verified")._value.get() == 0
 
 
 async def test_server_errors_and_requests_in_progress(db_url: str) -> None:

@@ -553,10 +553,3 @@ def test_id_columns_of_built_in_types(conn: psycopg.Connection, column: str,
     queued = run_to_the_end(conn, bid, 4)
     # Every row once, in id order.
     assert queued == expected
-
-
-def test_an_id_type_without_an_ordering_is_refused(conn: psycopg.Connection) -> None:
-    # No key can hold a json id, so attach refuses the table before a backfill could.
-    conn.execute("CREATE TABLE public.docs (id json, body text)")
-    with pytest.raises(psycopg.errors.InvalidTableDefinition, match="no primary key"):
-        conn.execute("SELECT webhooks.attach('public.docs', resource => 'docs', noun => 'doc')")

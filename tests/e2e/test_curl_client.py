@@ -1,7 +1,8 @@
 """The worker's HTTP client (service/curl/) against real servers on 127.0.0.1: what it
 never does (follow redirects, use a proxy, keep cookies, connect where the guard says no,
 trust a certificate no CA signed, read more than its limits) and that it stays usable
-after a cancelled or failed POST."""
+after a cancelled or failed POST (a name that does not resolve:
+tests/unit/test_curl_client.py)."""
 
 from __future__ import annotations
 
@@ -256,13 +257,6 @@ async def test_a_timeout_a_refusal_and_a_cancellation_leave_it_usable(epoll: boo
             assert (await post(curl, healthy.url))[0] == 200
         finally:
             release.set()  # the hanging handlers end before their server stops
-
-
-async def test_a_name_that_does_not_resolve_is_an_attempt_error() -> None:
-    async with client() as curl:
-        with pytest.raises(AttemptError, match="does not resolve"):
-            await curl.post("http://no-such-host.invalid/", "no-such-host.invalid", 80,
-                            b"{}", JSON, 5.0)
 
 
 def self_signed(directory: Path) -> ssl.SSLContext:

@@ -1,6 +1,7 @@
 """https targets through the worker's HTTP client (service/curl/): certificates verified
 against the system's CAs plus WEBHOOKS_CA_BUNDLE's, connections kept open and reused per
-host, and a new connection to a host resuming the TLS session of an earlier one."""
+host, and a new connection to a host resuming the TLS session of an earlier one (the
+WEBHOOKS_CA_BUNDLE setting's own checks: tests/unit/test_config.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from service.config import ConfigError, Settings
 from service.curl import AttemptError, CurlClient
 from service.http import make_client
 from tests.support.tls import TlsFiles, make_tls
@@ -112,12 +112,3 @@ async def test_the_handshake_client_trusts_the_same_bundle(tls: TlsFiles) -> Non
                         await client.post(url, content=b"{}")
             finally:
                 await client.aclose()
-
-
-def test_the_ca_bundle_setting_must_be_a_pem_file(tls: TlsFiles, tmp_path: Path) -> None:
-    settings = Settings.from_env({"WEBHOOKS_CA_BUNDLE": str(tls.ca)})
-    assert settings.ca_bundle == str(tls.ca)
-    with pytest.raises(ConfigError, match="WEBHOOKS_CA_BUNDLE: cannot read"):
-        Settings.from_env({"WEBHOOKS_CA_BUNDLE": str(tmp_path / "missing.pem")})
-    with pytest.raises(ConfigError, match="holds no PEM certificate"):
-        Settings.from_env({"WEBHOOKS_CA_BUNDLE": str(tls.key)})

@@ -9,7 +9,6 @@ import time
 from typing import Any
 
 import psycopg
-import pytest
 from standardwebhooks.webhooks import Webhook
 
 from service import db
@@ -138,7 +137,7 @@ async def test_filters_and_pages(api: Api) -> None:
     assert await listed(f"before={ids[2]}") == [ids[1], ids[0]]
 
 
-@pytest.mark.parametrize(("query", "fragment"), [
+BAD_FILTERS = [
     ("status=done", "status must be one of pending, succeeded, failed"),
     ("since=yesterday", "since must be an RFC 3339 timestamp"),
     ("since=2026-01-01T00:00:00", "time zone"),
@@ -150,11 +149,14 @@ async def test_filters_and_pages(api: Api) -> None:
     ("before=x", "before must be a delivery id"),
     ("status=failed&status=pending", "'status' is given more than once"),
     ("event=a%00b", "NUL"),
-])
-async def test_bad_filters_are_400(api: Api, query: str, fragment: str) -> None:
+]
+
+
+async def test_bad_filters_are_400(api: Api) -> None:
     sub = await api.create("invoice.create")
-    response = await api.request("GET", f"/api/v1/webhooks/{sub['id']}/deliveries?{query}")
-    assert_error(response, 400, fragment)
+    for query, fragment in BAD_FILTERS:
+        response = await api.request("GET", f"/api/v1/webhooks/{sub['id']}/deliveries?{query}")
+        assert_error(response, 400, fragment)
 
 
 async def test_scoped_like_subscriptions(api: Api) -> None:

@@ -1,22 +1,14 @@
 """Bounded answers: a list page stops early at WEBHOOKS_MAX_PAGE_BYTES and its Link still
-leads through every subscription once; the settings that bound one owner have their
-documented defaults."""
+leads through every subscription once (the defaults of the settings that bound one owner:
+tests/unit/test_config.py)."""
 
 from __future__ import annotations
 
 import re
 
-from service.config import Settings
 from tests.support.api import api_for
 
 BIG = {"customer": {"nin": [f"customer-{i:03}-" + "x" * 60 for i in range(100)]}}
-
-
-def test_the_owner_bounds_have_their_defaults() -> None:
-    settings = Settings.from_env({})
-    assert settings.max_filter_bytes_per_owner == 262144
-    assert settings.max_page_bytes == 1048576
-    assert Settings.from_env({"WEBHOOKS_MAX_PAGE_BYTES": "5000"}).max_page_bytes == 5000
 
 
 async def test_a_page_stops_at_its_byte_budget_and_the_link_goes_on(db_url: str) -> None:

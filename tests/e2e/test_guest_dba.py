@@ -1,13 +1,12 @@
-"""What a DBA sets with webhooks.attach / detach is what happens: no row means no old row
-either, a backfill reads only the attached table, private events and detached tables stop
-their subscriptions (saying why), a column sent again is announced, and the API makes the
-day's partitions it needs."""
+"""What a DBA sets with webhooks.attach / detach is what happens: a backfill reads only the
+attached table, private events and detached tables stop their subscriptions (saying why,
+through the API), and the API makes the day's partitions it needs. That no row means no
+old row either, that a column sent again is announced and that a dropped table stops its
+subscriptions: tests/db/test_attach.py."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
-from typing import Any
 
 import psycopg
 import pytest
@@ -17,6 +16,7 @@ from service.commands import status
 from service.store import Store
 from tests.support.api import Api, api_for, assert_error
 from tests.support.fanout import drain_outbox
+from tests.support.notes import attach, bodies, make_notes
 from tests.support.subscriptions import subscribe, subscription
 from tests.support.worker import open_pool, poll
 
@@ -27,23 +27,6 @@ async def pool(db_url: str) -> AsyncIterator[AsyncConnectionPool]:
         yield p
 
 
-def make_notes(conn: psycopg.Connection, **settings: Any) -> None:
-    conn.execute("CREATE TABLE IF NOT EXISTS notes (id bigint PRIMARY KEY, body text, "
-                 "secret text)")
-    attach(conn, **settings)
-
-
-def attach(conn: psycopg.Connection, **settings: Any) -> None:
-    args = "".join(f", {name} => %({name})s" for name in settings)
-    conn.execute("SELECT webhooks.attach('notes', resource => 'notes', noun => 'note'"
-                 + args + ")", settings)
-
-
-def bodies(conn: psycopg.Connection, name: str) -> list[dict[str, Any]]:
-    return [json.loads(r[0]) for r in conn.execute(
-        "SELECT body FROM webhooks.events WHERE name = %s ORDER BY id", (name,)).fetchall()]
-
-
 def delivered_to(conn: psycopg.Connection, sid: int) -> int:
     row = conn.execute("SELECT count(*) FROM webhooks.deliveries WHERE subscription_id = %s",
                        (sid,)).fetchone()
@@ -51,39 +34,7 @@ def delivered_to(conn: psycopg.Connection, sid: int) -> int:
     return int(row[0])
 
 
-# --- a. include_row => false sends no row, old or new ---------------------------------
-
-def test_attach_refuses_previous_without_row(conn: psycopg.Connection) -> None:
-    conn.execute("CREATE TABLE notes (id bigint PRIMARY KEY, body text)")
-    with pytest.raises(psycopg.errors.InvalidParameterValue,
-                       match="include_previous => true needs include_row => true"):
-        attach(conn, include_row=False, include_previous=True)
-    assert conn.execute("SELECT count(*) FROM webhooks.attachments "
-                        "WHERE resource = 'notes'").fetchone() == (0,)
-
-
-async def test_an_earlier_attachment_with_previous_and_no_row_sends_neither(
-        conn: psycopg.Connection, pool: AsyncConnectionPool) -> None:
-    make_notes(conn, include_row=False)
-    # As an earlier version let it be, and as its capture function queued it.
-    conn.execute("UPDATE webhooks.attachments SET include_previous = true "
-                 "WHERE resource = 'notes'")
-    conn.execute("SELECT webhooks.install_capture('notes')")
-    subscribe(conn, resource="notes", events=["note.update"])
-    conn.execute("INSERT INTO notes VALUES (1, 'old', 's')")
-    conn.execute("UPDATE notes SET body = 'new' WHERE id = 1")
-    conn.execute("UPDATE notes SET body = 'newer' WHERE id = 1")
-    conn.execute("UPDATE webhooks.outbox SET include_previous = true "
-                 "WHERE id = (SELECT max(id) FROM webhooks.outbox)")
-    await drain_outbox(Store(pool), 100)
-    sent = bodies(conn, "note.update")
-    assert len(sent) == 2
-    for body in sent:
-        assert set(body) == {"event"}, body
-        assert body["event"]["changed"] == ["body"]
-
-
-# --- b. a backfill reads ONLY the attached table --------------------------------------
+# --- a. a backfill reads ONLY the attached table --------------------------------------
 
 def test_backfill_leaves_out_the_rows_of_inheriting_tables(conn: psycopg.Connection) -> None:
     make_notes(conn)
@@ -103,7 +54,7 @@ def test_backfill_leaves_out_the_rows_of_inheriting_tables(conn: psycopg.Connect
     assert ids == [1, 2, 3]
 
 
-# --- c. public => false stops existing subscriptions at once --------------------------
+# --- b. public => false stops existing subscriptions at once --------------------------
 
 async def test_events_made_private_stop_their_subscriptions(
         api: Api, conn: psycopg.Connection, pool: AsyncConnectionPool) -> None:
@@ -143,30 +94,7 @@ async def test_events_made_private_stop_their_subscriptions(
     assert response.json()["inactive_reason"] is None
 
 
-# --- e. a column sent again is announced ------------------------------------------------
-
-def test_reattaching_without_an_excluded_column_names_it_in_a_notice(
-        conn: psycopg.Connection) -> None:
-    # A Diagnostic is readable only inside the handler.
-    notices: list[tuple[str | None, str | None]] = []
-    conn.add_notice_handler(lambda d: notices.append((d.severity_nonlocalized,
-                                                      d.message_primary)))
-    make_notes(conn, exclude_columns=["secret"])
-    attach(conn, exclude_columns=["secret"])
-    assert [n for n in notices if "now sends" in (n[1] or "")] == []
-    attach(conn)
-    [(severity, message)] = [n for n in notices if "now sends" in (n[1] or "")]
-    assert severity == "NOTICE"
-    assert "column(s) secret," in (message or "")
-
-    notices.clear()
-    attach(conn, columns=["id"])
-    attach(conn)
-    [(_, again)] = [n for n in notices if "now sends" in (n[1] or "")]
-    assert "column(s) body, secret," in (again or "")
-
-
-# --- f. detach leaves its subscriptions inactive, saying why ---------------------------
+# --- c. detach leaves its subscriptions inactive, saying why ---------------------------
 
 async def test_detach_stops_its_subscriptions_and_says_why(
         api: Api, conn: psycopg.Connection) -> None:
@@ -194,16 +122,7 @@ async def test_detach_stops_its_subscriptions_and_says_why(
     assert "inactive_reason" in script
 
 
-def test_dropping_an_attached_table_stops_its_subscriptions(conn: psycopg.Connection) -> None:
-    make_notes(conn)
-    sid, _ = subscribe(conn, resource="notes", events=["note.create"])
-    conn.execute("DROP TABLE notes")
-    row = subscription(conn, sid)
-    assert row["active"] is False
-    assert "public.notes was dropped" in row["inactive_reason"]
-
-
-# --- g. the API makes the partitions it writes to --------------------------------------
+# --- d. the API makes the partitions it writes to --------------------------------------
 
 def drop_todays_partitions(conn: psycopg.Connection) -> list[str]:
     names = [r[0] for r in conn.execute(

@@ -2,7 +2,8 @@
 
 The targets here are raw TCP servers on 127.0.0.1 that write exactly the bytes a test
 gives them: NUL bytes, invalid UTF-8, compressed bodies, huge and malformed headers,
-malformed Retry-After values.
+malformed Retry-After values. The one sanitizer of recorded text, alone:
+tests/unit/test_pg_text.py.
 """
 
 from __future__ import annotations
@@ -171,16 +172,6 @@ async def test_deliveries_ask_for_no_compression(db_url: str, conn: psycopg.Conn
             await receiver.wait_for(lambda r: len(r.deliveries()) == 1)
         headers = {k.lower(): v for k, v in receiver.deliveries()[0].headers.items()}
         assert headers.get("accept-encoding") == "identity"
-
-
-def test_pg_text_is_the_one_sanitizer() -> None:
-    assert delivery.pg_text(None) is None
-    assert delivery.pg_text("a\x00b") == "a\ufffdb"
-    assert delivery.pg_text(b"\xff\x00ok") == "\ufffd\ufffdok"
-    assert delivery.pg_text("lone \udc80 surrogate") == "lone \ufffd surrogate"
-    long = delivery.pg_text("x" * 10_000)
-    assert long is not None and len(long) <= BODY_LIMIT
-    assert delivery.pg_text("é" * 5000, limit=10) == "é" * 10
 
 
 async def test_a_batch_that_fails_is_split_and_the_rest_recorded(

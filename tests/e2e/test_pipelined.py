@@ -1,25 +1,20 @@
 """The fan-out and the claim in one round trip (Store.fanout_and_claim): the claim takes what the
-fan-out just made, and a failure leaves the outbox as it was."""
+fan-out just made, and a burst has the partitions it fills analysed (that a failure
+leaves the outbox as it was: tests/db/test_pipelined.py)."""
 
 from __future__ import annotations
-
-from typing import cast
 
 import psycopg
 import pytest
 
-from service.store import Store, StoreRejected
-from service.store.worker import ClaimParams
-from service.worker import delivery, pacing, upkeep
+from service.store import Store
+from service.worker import delivery, upkeep
 from service.worker.delivery import Claim
 from service.worker.fanout import FanoutBatch, fanout_params
+from tests.support.claims import claim_params
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe
 from tests.support.worker import add_invoice, maintained, open_pool, poll, running_worker
-
-
-def claim_params(limit: int = 10) -> ClaimParams:
-    return pacing.claim_params(limit=limit, per_target=8, busy={}, lease=60.0, scan=100)
 
 
 async def test_the_claim_takes_the_deliveries_the_fan_out_made(
@@ -36,19 +31,6 @@ async def test_the_claim_takes_the_deliveries_the_fan_out_made(
     assert claims[0].id < claims[1].id
     assert conn.execute("SELECT count(*) FROM webhooks.deliveries WHERE attempts = 1"
                         " AND lease_expires_at IS NOT NULL").fetchone() == (2,)
-
-
-async def test_a_failure_in_either_commits_neither(db_url: str,
-                                                   conn: psycopg.Connection) -> None:
-    subscribe(conn, "http://t.example/", events=["invoice.create"])
-    add_invoice(conn, "P-1")
-    bad = cast(ClaimParams, {**claim_params(), "lease": "not a number"})
-    async with open_pool(db_url) as pool:
-        with pytest.raises(StoreRejected):
-            await Store(pool).fanout_and_claim(
-                FanoutBatch, Claim, fanout=fanout_params(100, 1 << 20), claim=bad)
-    assert conn.execute("SELECT count(*) FROM webhooks.outbox").fetchone() == (1,)
-    assert conn.execute("SELECT count(*) FROM webhooks.deliveries").fetchone() == (0,)
 
 
 async def test_a_burst_has_the_partitions_it_fills_analysed(

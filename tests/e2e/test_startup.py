@@ -131,14 +131,23 @@ async def test_the_worker_waits_for_the_database_a_line_a_try(db_url: str) -> No
     assert "Traceback" not in rest
 
 
-@pytest.mark.parametrize(("url", "says"), [
-    ("localhost:5432", "DATABASE_URL is not a PostgreSQL URI"),
-    ("postgresql://u:hunter2@[::1", "DATABASE_URL is not a valid PostgreSQL URI"),
-    ("postgresql://postgres@127.0.0.1:9/x", "cannot reach the database"),
+NOT_A_URI = ("localhost:5432", "DATABASE_URL is not a PostgreSQL URI")
+NOT_VALID = ("postgresql://u:hunter2@[::1", "DATABASE_URL is not a valid PostgreSQL URI")
+UNREACHABLE = ("postgresql://postgres:hunter2@127.0.0.1:9/x", "cannot reach the database")
+
+
+# Every kind of failure with one command, and every command with one failure: a URL that
+# does not parse stops each command alike, before it runs (the URL forms, and every
+# command, in process: tests/unit/test_config.py, tests/unit/test_printable.py).
+@pytest.mark.parametrize(("command", "url", "says"), [
+    (["status"], *NOT_A_URI),
+    (["status"], *NOT_VALID),
+    (["status"], *UNREACHABLE),
+    (["migrate"], *UNREACHABLE),
+    (["deliveries", "list", "1"], *UNREACHABLE),
+    (["token", "list"], *UNREACHABLE),
 ])
-@pytest.mark.parametrize("command", [["status"], ["migrate"], ["deliveries", "list", "1"],
-                                     ["token", "list"]])
-def test_every_cli_failure_is_one_line(url: str, says: str, command: list[str]) -> None:
+def test_every_cli_failure_is_one_line(command: list[str], url: str, says: str) -> None:
     result = cli(command, url)
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1 and says in result.stderr, result.stderr

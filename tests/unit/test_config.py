@@ -1,5 +1,5 @@
 """Settings: each variable declared once beside its field; docs/configuration.md's table
-agrees."""
+agrees; values are parsed and checked, and a bad one is refused by its name."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from service.config import ConfigError, Settings
+from tests.support.tls import TlsFiles, make_tls
 
 TABLE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 _ROW = re.compile(r"^\|\s*`([A-Z_]+)`\s*\|([^|]*)\|")
@@ -56,6 +57,8 @@ def test_blank_variables_keep_their_defaults() -> None:
     ("WEBHOOKS_POOL_SIZE", "2.5", "WEBHOOKS_POOL_SIZE must be a whole number"),
     ("WEBHOOKS_CONCURRENCY", "inf", "WEBHOOKS_CONCURRENCY must be a whole number"),
     ("WEBHOOKS_LOG_FORMAT", "xml", "WEBHOOKS_LOG_FORMAT must be text or json"),
+    ("DATABASE_URL", "localhost:5432", "DATABASE_URL is not a PostgreSQL URI"),
+    ("DATABASE_URL", "postgresql://u:hunter2@[::1", "DATABASE_URL is not a valid PostgreSQL URI"),
 ])
 def test_a_bad_value_names_its_variable(name: str, value: str, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -73,3 +76,44 @@ def test_values_are_parsed() -> None:
     assert settings.dns_servers == ("10.0.0.1", "10.0.0.2:53")
     assert settings.log_level == "DEBUG"
     assert settings.batch_size == 7
+
+
+def test_settings_from_env() -> None:
+    settings = Settings.from_env({
+        "WEBHOOKS_MAX_BODY_BYTES": "1024", "WEBHOOKS_MAX_SUBSCRIPTIONS_PER_OWNER": "5",
+        "WEBHOOKS_MAX_EVENTS_PER_SUBSCRIPTION": "3", "WEBHOOKS_MAX_TARGET_LENGTH": "300",
+        "WEBHOOKS_RATE_LIMIT": "2.5", "WEBHOOKS_RATE_BURST": "7"})
+    assert (settings.max_body_bytes, settings.max_subscriptions_per_owner,
+            settings.max_events_per_subscription, settings.max_target_length,
+            settings.rate_limit, settings.rate_burst) == (1024, 5, 3, 300, 2.5, 7)
+    defaults = Settings.from_env({})
+    assert (defaults.max_body_bytes, defaults.max_subscriptions_per_owner,
+            defaults.max_events_per_subscription, defaults.max_target_length,
+            defaults.rate_limit, defaults.rate_burst) == (65536, 1000, 100, 2048, 100.0, 200)
+    assert Settings.from_env({"WEBHOOKS_RATE_LIMIT": "0"}).rate_limit == 0
+    for name, bad in (("WEBHOOKS_MAX_BODY_BYTES", "0"), ("WEBHOOKS_RATE_LIMIT", "-1"),
+                      ("WEBHOOKS_MAX_SUBSCRIPTIONS_PER_OWNER", "1.5"),
+                      ("WEBHOOKS_RATE_BURST", "many")):
+        with pytest.raises(ConfigError, match=name):
+            Settings.from_env({name: bad})
+
+
+def test_the_owner_bounds_have_their_defaults() -> None:
+    settings = Settings.from_env({})
+    assert settings.max_filter_bytes_per_owner == 262144
+    assert settings.max_page_bytes == 1048576
+    assert Settings.from_env({"WEBHOOKS_MAX_PAGE_BYTES": "5000"}).max_page_bytes == 5000
+
+
+@pytest.fixture
+def tls(tmp_path: Path) -> TlsFiles:
+    return make_tls(tmp_path)
+
+
+def test_the_ca_bundle_setting_must_be_a_pem_file(tls: TlsFiles, tmp_path: Path) -> None:
+    settings = Settings.from_env({"WEBHOOKS_CA_BUNDLE": str(tls.ca)})
+    assert settings.ca_bundle == str(tls.ca)
+    with pytest.raises(ConfigError, match="WEBHOOKS_CA_BUNDLE: cannot read"):
+        Settings.from_env({"WEBHOOKS_CA_BUNDLE": str(tmp_path / "missing.pem")})
+    with pytest.raises(ConfigError, match="holds no PEM certificate"):
+        Settings.from_env({"WEBHOOKS_CA_BUNDLE": str(tls.key)})

@@ -1,5 +1,6 @@
 """What the commands and the logs print: control characters escaped, and no part of
-DATABASE_URL's password in any message (service.logs)."""
+DATABASE_URL's password in any message (service.logs); a DATABASE_URL that does not parse
+stops every command with one line."""
 
 from __future__ import annotations
 
@@ -106,6 +107,27 @@ def test_a_malformed_database_url_is_refused_without_its_password() -> None:
     assert "DATABASE_URL is not a valid PostgreSQL URI" in message
     assert "percent-encoded" in message
     assert_no_part(message)
+
+
+@pytest.mark.parametrize(("url", "says"), [
+    ("localhost:5432", "DATABASE_URL is not a PostgreSQL URI"),
+    ("postgresql://u:hunter2@[::1", "DATABASE_URL is not a valid PostgreSQL URI"),
+])
+@pytest.mark.parametrize("command", [["status"], ["migrate"], ["deliveries", "list", "1"],
+                                     ["token", "list"]])
+def test_a_database_url_that_does_not_parse_stops_every_command_in_one_line(
+        monkeypatch: pytest.MonkeyPatch, url: str, says: str, command: list[str]) -> None:
+    """Before the command runs: the exit message, which Python prints as it is (run as
+    processes, with a database that cannot be reached too: tests/e2e/test_startup.py)."""
+    from service.commands import cli
+
+    monkeypatch.setenv("DATABASE_URL", url)
+    with pytest.raises(SystemExit) as exited:
+        cli.main(command)
+    message = exited.value.code
+    assert isinstance(message, str) and "\n" not in message, message
+    assert message.startswith("webhooks: ") and says in message, message
+    assert "hunter2" not in message
 
 
 def record(message: str, *args: object, exc: BaseException | None = None) -> logging.LogRecord:

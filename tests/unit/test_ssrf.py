@@ -1,5 +1,6 @@
-"""The SSRF guard: URL rules, forbidden addresses, the resolver and the client's refusals
-(tests/e2e/test_ssrf_client.py sends to a receiver)."""
+"""The SSRF guard: URL rules, forbidden addresses in every form they are written in, the
+resolver and the client's refusals (tests/e2e/test_ssrf_client.py sends to a receiver;
+tests/e2e/test_api_create.py shows that the API refuses such targets and stores nothing)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,13 @@ from service.ssrf import (
     ("http://exa mple.com/", "spaces"),
     ("http://example.com/\r\nX: y", "control"),
     ("http://example.com/" + "a" * 3000, "longer"),
+    ("not a url", "spaces"),
+    ("http:///nohost", "no host"),
+    ("//example.com/hook", "http"),
+    ("http://user@127.0.0.1:8080/hook", "user name"),  # before whatever the host is
+    # The API refuses it earlier, saying NUL (tests/e2e/test_api_create.py): a request
+    # body's text may hold no NUL character, since PostgreSQL's text cannot.
+    ("http://exa\x00mple.com/", "control"),
 ])
 def test_check_url_refuses(url: str, fragment: str) -> None:
     with pytest.raises(TargetRejected) as info:
@@ -77,12 +85,42 @@ def test_public_addresses(address: str) -> None:
     ("http://169.254.169.254/latest/meta-data/", "link-local"),
     ("http://100.64.0.1/", "non-public"), ("http://0.0.0.0/", "unspecified"),
     ("http://[fe80::1]/", "link-local"),
+    ("http://192.168.1.1/hook", "private"), ("http://[fc00::1]/hook", "private"),
+    ("http://224.0.0.1/hook", "multicast"),
 ])
 async def test_check_target_refuses_private_hosts(url: str, fragment: str) -> None:
     with pytest.raises(TargetRejected) as info:
         await check_target(url, allow_private=False)
     assert fragment in str(info.value)
     assert "WEBHOOKS_ALLOW_PRIVATE_TARGETS" in str(info.value)
+
+
+# The other forms of an address, each refused before any request: octal, hexadecimal and
+# decimal IPv4, IPv4 inside IPv6, NAT64, names in another case or with a trailing dot.
+@pytest.mark.parametrize(("host", "fragment"), [
+    ("0177.0.0.1", "loopback"),           # octal
+    ("0x7f.0.0.1", "loopback"),           # hexadecimal
+    ("0x7f000001", "loopback"),           # one hexadecimal number
+    ("017700000001", "loopback"),         # one octal number
+    ("127.1", "loopback"),                # short form
+    ("012.0.0.1", "private"),             # octal 10.0.0.1
+    ("3232235777", "private"),            # decimal 192.168.1.1
+    ("2852039166", "link-local"),         # decimal 169.254.169.254
+    ("0", "unspecified"),                 # 0.0.0.0
+    ("[::ffff:7f00:1]", "loopback"),      # IPv4-mapped, hexadecimal
+    ("[::ffff:a9fe:a9fe]", "link-local"),  # IPv4-mapped metadata address
+    ("[0:0:0:0:0:ffff:10.0.0.1]", "private"),
+    ("[::]", "unspecified"),
+    ("[64:ff9b::a9fe:a9fe]", "link-local"),  # NAT64 of the metadata address
+    ("[fd00:ec2::254]", "private"),       # the metadata address over IPv6
+    ("[ff02::1]", "multicast"),
+    ("localhost.", ""),                   # trailing dot: loopback, or does not resolve
+    ("LOCALHOST", "loopback"),
+])
+async def test_ssrf_address_forms_are_refused(host: str, fragment: str) -> None:
+    with pytest.raises(TargetRejected) as info:
+        await check_target(f"http://{host}:8080/hook", allow_private=False)
+    assert fragment in str(info.value)
 
 
 async def test_check_target_allows_private_hosts_when_configured() -> None:
