@@ -1,4 +1,5 @@
-"""The outputs of a run: the printed table, bench/results.json and bench/README.md."""
+"""The outputs of a run: the printed table, bench/results.json, its copy in bench/history/
+and bench/README.md."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from bench.common import Result
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results.json"
+HISTORY = HERE / "history"
 README = HERE / "README.md"
 HEADERS = ("scenario", "service", "limit", "ratio", "unit", "target", "result")
 PREVIOUS = ("previous", "previous ratio")
@@ -156,6 +159,26 @@ def load_previous() -> list[dict[str, Any]]:
 def write_results(entries: list[dict[str, Any]]) -> None:
     """Writes bench/results.json."""
     RESULTS.write_text(json.dumps(entries, indent=2, ensure_ascii=False) + "\n")
+
+
+def history_name(when: datetime, command: str) -> str:
+    """The file of a run in bench/history/: its date and minute (UTC), then what ran, so
+    that the names sort oldest first."""
+    what = re.sub(r"[^a-z0-9]+", "-", command.removeprefix("python -m bench.run").lower())
+    return f"{when:%Y-%m-%d-%H%M}-{what.strip('-')[:60] or 'run'}.json"
+
+
+def write_history(entries: list[dict[str, Any]], info: dict[str, str], run: str,
+                  when: datetime, command: str) -> Path:
+    """Writes the run's results.json (its rows, each with the run it comes from) into
+    bench/history/, with when and how it ran and the machine: the dated history is kept
+    as data, one file per run."""
+    HISTORY.mkdir(exist_ok=True)
+    path = HISTORY / history_name(when, command)
+    doc = {"run": run, "title": command,
+           "machine": "; ".join(f"{k}: {v}" for k, v in info.items()), "rows": entries}
+    path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    return path
 
 
 def write_readme(results: Sequence[Result], info: dict[str, str], command: str,

@@ -2,8 +2,9 @@
 
 Creates a fresh database (webhooks_bench) on the server of DATABASE_URL, migrates it,
 starts the receiver, runs the scenarios in order, prints one table and writes
-bench/results.json and bench/README.md. A scenario that fails prints its error in its
-row and the suite goes on; every process the run started is stopped at the end.
+bench/results.json, a copy of it in bench/history/ (named by the run's date) and
+bench/README.md. A scenario that fails prints its error in its row and the suite goes
+on; every process the run started is stopped at the end.
 """
 
 from __future__ import annotations
@@ -214,13 +215,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(args.names) < len(SCENARIOS):
         command = "python -m bench.run " + shlex.join(
             (["--quick"] if args.quick else []) + ["--only", ",".join(args.names)])
-    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    now = datetime.now(UTC)
+    when = now.strftime("%Y-%m-%d %H:%M UTC")
     entries = merge(report.load_previous(), args.names, results, run=f"{when}, {command}")
     report.write_results(entries)
+    dated = report.write_history(entries, info, f"{when}, {command}", now, command)
     report.write_readme([from_json(e) for e in entries], info, command, when, args.quick,
                         previous=[e.get("previous") for e in entries])
     print(f"\nbench: {len(results)} rows in {time.monotonic() - started:.0f}s; wrote "
-          f"bench/results.json and bench/README.md", file=sys.stderr)
+          f"bench/results.json, bench/history/{dated.name} and bench/README.md",
+          file=sys.stderr)
     return 0
 
 

@@ -1,7 +1,7 @@
 """The worker's HTTP client: libcurl's multi interface (pycurl) driven by the asyncio loop.
 
 Measured on 2 cores against the same receiver, a POST costs the process about 45 µs of CPU
-through this client and 70 µs through aiohttp (bench/HISTORY.md), most of the worker's
+through this client and 70 µs through aiohttp (bench/FINDINGS.md), most of the worker's
 CPU per delivery. What the worker promises about hostile targets holds here too:
 
 - Names are resolved by GuardedResolver (c-ares, WEBHOOKS_DNS_SERVERS and

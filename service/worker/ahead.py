@@ -21,8 +21,8 @@ from service.worker.delivery import Claim
 # How many claims may be held per slot a subscription, an owner or the worker may send
 # with: the sends under way and the claims waiting for them. A claim's round trip must not
 # leave the senders idle, and the next claim starts only once a quarter of what is held
-# has gone: with four, the senders ran dry behind half of the claims (bench/HISTORY.md,
-# throughput). The worker holds at most AHEAD x its capacity in claims, or its capacity
+# has gone: with four, the senders ran dry behind half of the claims (bench/FINDINGS.md,
+# "Since then"). The worker holds at most AHEAD x its capacity in claims, or its capacity
 # and AHEAD - 1 times AHEAD_BASE beyond a capacity of AHEAD_BASE: slow targets free slots
 # slowly, and each claim held keeps its body in memory.
 AHEAD = 8

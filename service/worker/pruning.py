@@ -34,7 +34,7 @@ PRUNE_LOCK = 7315600212945527044
 # After a partition is gone, the next one waits this many times as long as it took (at
 # most DROP_PAUSE_MAX seconds): each drop frees its files and delays the application's
 # commits flushed meanwhile, so spaced drops hold the disk about 1% of the time
-# (measurements: docs/performance.md, retention; bench/HISTORY.md).
+# (measurements: docs/performance.md, retention; bench/FINDINGS.md, retention).
 DROP_SPACING = 100.0
 DROP_PAUSE_MAX = 10.0
 

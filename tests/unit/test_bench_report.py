@@ -3,8 +3,14 @@ bench/report.py), without running a benchmark."""
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from bench import report
 from bench.common import Result, error_result
 from bench.report import markdown_table, previous_cells, previous_runs
 from bench.run import from_json, merge
@@ -83,3 +89,21 @@ def test_an_errored_row_is_shown_as_such_on_both_sides() -> None:
     assert previous_runs([entry["previous"]]) == [RUN1]
     rows = markdown_table([from_json(entry)], [entry["previous"]]).splitlines()
     assert "again" in rows[2] and "error" in rows[2]
+
+
+def test_each_run_is_kept_in_the_history_as_data(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(report, "HISTORY", tmp_path / "history")
+    when = datetime(2026, 1, 2, 10, 5, tzinfo=UTC)
+    entries = merge([], ["throughput"], [("throughput", result("thr", 50.0))], run=RUN2)
+    path = report.write_history(entries, {"cpu": "2 cores"}, RUN2, when,
+                                "python -m bench.run --only throughput")
+    assert path.name == "2026-01-02-1005-only-throughput.json"
+    assert report.history_name(when, "make bench") == "2026-01-02-1005-make-bench.json"
+    assert json.loads(path.read_text()) == {
+        "run": RUN2, "title": "python -m bench.run --only throughput",
+        "machine": "cpu: 2 cores", "rows": entries}
+    # Every kept run reads alike: the rows of results.json, with when and where it ran.
+    for kept in (Path(report.__file__).parent / "history").glob("*.json"):
+        doc = json.loads(kept.read_text())
+        assert {"run", "title", "machine"} <= doc.keys() and ("rows" in doc or "tables" in doc)
