@@ -1,9 +1,11 @@
 """Claims and records: leases, caps per subscription and per owner, no attempt sent twice
-at once."""
+at once; a batch of outcomes the database refuses is split, and the rest recorded (the
+worker recording whatever a target answers: tests/e2e/test_hostile_answers.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 
@@ -13,14 +15,15 @@ from psycopg_pool import AsyncConnectionPool
 
 from service.db import query
 from service.store import Store
+from service.worker import delivery
 from service.worker.delivery import Claim, Outcome, release
 from service.worker.pacing import claim_params
 from service.worker.pruning import prune
-from service.worker.recorder import record
+from service.worker.recorder import Recorder, record
 from tests.support.claims import claim
 from tests.support.fanout import drain_outbox
 from tests.support.subscriptions import subscribe
-from tests.support.worker import open_pool
+from tests.support.worker import make_settings, open_pool
 
 
 @pytest.fixture
@@ -156,6 +159,39 @@ async def test_deleted_subscription_outcome_is_dropped(pool: AsyncConnectionPool
     conn.execute("DELETE FROM webhooks.subscriptions WHERE id = %s", (sid,))
     await record(Store(pool), [outcome(c, 200, "succeeded")])
     assert conn.execute("SELECT count(*) FROM webhooks.deliveries").fetchone() == (0,)
+
+
+async def test_a_batch_that_fails_is_split_and_the_rest_recorded(
+        db_url: str, conn: psycopg.Connection) -> None:
+    for n in range(3):
+        subscribe(conn, f"http://s{n}.example/", events=["invoice.create"])
+    conn.execute("INSERT INTO invoices (number, customer, amount)"
+                 " SELECT 'B' || g, 'c', 1 FROM generate_series(1, 3) g")
+    settings = make_settings(db_url)
+    async with open_pool(db_url) as pool:
+        await drain_outbox(Store(pool), 1000)
+        claims = await claim(Store(pool), limit=100, per_target=100, busy={}, lease=60.0,
+                                      scan=100)
+        assert len(claims) == 9
+        outcomes = [delivery.decide(c, settings, status=500, retry_after=None,
+                                    attempted_at=time.time(), duration_ms=1.0,
+                                    error="boom") for c in claims]
+        # A value Postgres refuses, whatever the text cleaning does (a next attempt past
+        # the end of time): it fails its batch, every time.
+        outcomes[4] = dataclasses.replace(outcomes[4], retry_in=1e300)
+        recorder = Recorder(Store(pool))
+        for o in outcomes:
+            recorder.add(o)
+        recorder.close()
+        await asyncio.wait_for(recorder.run(), 20)
+    assert recorder.recorded == 8 and recorder.dropped == 1
+    assert conn.execute("SELECT count(*) FROM webhooks.attempts").fetchone() == (8,)
+    bad = outcomes[4].claim.id
+    # The dropped one is still claimed: its lease brings it back.
+    assert conn.execute("SELECT count(*) FROM webhooks.attempts WHERE delivery_id = %s",
+                        (bad,)).fetchone() == (0,)
+    assert conn.execute("SELECT status, lease_expires_at IS NOT NULL FROM webhooks.deliveries"
+                        " WHERE id = %s", (bad,)).fetchone() == ("pending", True)
 
 
 def test_claim_uses_the_due_index(conn: psycopg.Connection) -> None:

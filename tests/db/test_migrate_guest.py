@@ -3,7 +3,10 @@ where the database's or a role's search_path points. An application role that ow
 schema early in that path cannot plant yoyo's tables there (a trigger the migrating
 superuser would run, records that skip pending migrations), a schema webhooks another role
 made first is refused, and a database migrated by an earlier version (yoyo's tables in
-public) has its records moved in, not applied again."""
+public) has its records moved in, not applied again. Under the defaults a database's
+owner may set for everyone (tests/support/hostile.py), migrate installs everything as
+written and finds its records again (the API, the worker and `status` under the same
+defaults: tests/e2e/test_guest_settings.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from psycopg import sql
 
 from service import db
 from tests.db.test_guest_ddl import create_role, drop_role
+from tests.support.hostile import make_hostile
 
 YOYO = ("_yoyo_migration", "_yoyo_log", "_yoyo_version", "yoyo_lock")
 
@@ -132,3 +136,16 @@ def test_service_tables_without_a_trusted_record_are_refused(empty_db: str,
         conn.execute("DROP TABLE webhooks._yoyo_migration")
     with pytest.raises(db.MigrationRefused, match="no record of the migrations applied"):
         db.migrate(empty_db)
+
+
+def test_migrate_under_hostile_defaults(empty_db: str) -> None:
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        make_hostile(conn, empty_db)
+    assert db.migrate(empty_db)  # every migration, on a new database
+    assert db.migrate(empty_db) == []  # yoyo finds what it recorded
+    with psycopg.connect(empty_db, autocommit=True, options="-c default_transaction_read_only"
+                         "=off") as conn:
+        assert conn.execute("SELECT count(*) FROM webhooks._yoyo_migration").fetchone() != (0,)
+        # The functions were installed as written (standard_conforming_strings was off).
+        assert conn.execute("SELECT count(*) FROM webhooks.queue_partitions"
+                            " WHERE parent = 'deliveries'").fetchone() == (3,)

@@ -1,8 +1,9 @@
-"""What a DBA sets with webhooks.attach / detach is what happens: a backfill reads only the
-attached table, private events and detached tables stop their subscriptions (saying why,
-through the API), and the API makes the day's partitions it needs. That no row means no
-old row either, that a column sent again is announced and that a dropped table stops its
-subscriptions: tests/db/test_attach.py."""
+"""What a DBA sets with webhooks.attach / detach is what happens: private events and
+detached tables stop their subscriptions (saying why, through the API), and the API makes
+the day's partitions it needs. That no row means no old row either, that a column sent
+again is announced and that a dropped table stops its subscriptions:
+tests/db/test_attach.py; that a backfill reads only the attached table:
+tests/db/test_backfill_sql.py."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from service.commands import status
 from service.store import Store
 from tests.support.api import Api, api_for, assert_error
 from tests.support.fanout import drain_outbox
-from tests.support.notes import attach, bodies, make_notes
+from tests.support.notes import attach, make_notes
 from tests.support.subscriptions import subscribe, subscription
 from tests.support.worker import open_pool, poll
 
@@ -34,27 +35,7 @@ def delivered_to(conn: psycopg.Connection, sid: int) -> int:
     return int(row[0])
 
 
-# --- a. a backfill reads ONLY the attached table --------------------------------------
-
-def test_backfill_leaves_out_the_rows_of_inheriting_tables(conn: psycopg.Connection) -> None:
-    make_notes(conn)
-    conn.execute("CREATE TABLE pinned_notes (pinned boolean) INHERITS (notes)")
-    conn.execute("INSERT INTO notes SELECT i, 'n' || i FROM generate_series(1, 3) AS i")
-    conn.execute("INSERT INTO pinned_notes (id, body) SELECT i, 'p' || i "
-                 "FROM generate_series(100, 104) AS i")
-    sid, _ = subscribe(conn, resource="notes", events=["note.create"])
-    conn.execute("SELECT webhooks.start_backfill(%s)", (sid,))
-    for _ in range(10):
-        row = conn.execute("SELECT status FROM webhooks.backfill_step(2, 262144, 5000)"
-                           ).fetchone()
-        if row is None or row[0] != "running":
-            break
-    assert conn.execute("SELECT status, rows FROM webhooks.backfills").fetchone() == ("done", 3)
-    ids = sorted(b["event"]["resource_id"] for b in bodies(conn, "note.snapshot"))
-    assert ids == [1, 2, 3]
-
-
-# --- b. public => false stops existing subscriptions at once --------------------------
+# --- a. public => false stops existing subscriptions at once --------------------------
 
 async def test_events_made_private_stop_their_subscriptions(
         api: Api, conn: psycopg.Connection, pool: AsyncConnectionPool) -> None:
@@ -94,7 +75,7 @@ async def test_events_made_private_stop_their_subscriptions(
     assert response.json()["inactive_reason"] is None
 
 
-# --- c. detach leaves its subscriptions inactive, saying why ---------------------------
+# --- b. detach leaves its subscriptions inactive, saying why ---------------------------
 
 async def test_detach_stops_its_subscriptions_and_says_why(
         api: Api, conn: psycopg.Connection) -> None:
@@ -122,7 +103,7 @@ async def test_detach_stops_its_subscriptions_and_says_why(
     assert "inactive_reason" in script
 
 
-# --- d. the API makes the partitions it writes to --------------------------------------
+# --- c. the API makes the partitions it writes to --------------------------------------
 
 def drop_todays_partitions(conn: psycopg.Connection) -> list[str]:
     names = [r[0] for r in conn.execute(

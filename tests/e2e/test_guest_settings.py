@@ -1,9 +1,10 @@
 """The service as a guest in someone else's database: whatever `ALTER DATABASE ... SET`
 (or `ALTER ROLE`) and the application's sessions say about date styles, time zones,
 timeouts, isolation or encodings, the service's connections set their own
-(service/db.py SESSION_SETTINGS): the API, the worker, `status` and `migrate` work as
-with the server's defaults (tests/support/hostile.py). Retention and the capture under
-the same defaults: tests/db/test_guest_retention.py, tests/db/test_guest_capture.py."""
+(service/db.py SESSION_SETTINGS): the API, the worker and `status` work as with the
+server's defaults (tests/support/hostile.py). Retention, the capture and `migrate` under
+the same defaults: tests/db/test_guest_retention.py, tests/db/test_guest_capture.py,
+tests/db/test_migrate_guest.py."""
 
 from __future__ import annotations
 
@@ -19,12 +20,11 @@ from datetime import datetime
 import httpx
 import psycopg
 
-from service import db, tokens
+from service import tokens
 from service.config import Settings
 from tests.support.api import serving
 from tests.support.hostile import (
     hostile_defaults,  # noqa: F401  (the fixture `hostile`)
-    make_hostile,
     writer,
 )
 from tests.support.receivers import Receiver
@@ -106,16 +106,3 @@ def test_status_under_hostile_defaults(hostile: str, conn: psycopg.Connection) -
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "listener  2 restarts" in done.stdout
-
-
-def test_migrate_under_hostile_defaults(empty_db: str) -> None:
-    with psycopg.connect(empty_db, autocommit=True) as conn:
-        make_hostile(conn, empty_db)
-    assert db.migrate(empty_db)  # every migration, on a new database
-    assert db.migrate(empty_db) == []  # yoyo finds what it recorded
-    with psycopg.connect(empty_db, autocommit=True, options="-c default_transaction_read_only"
-                         "=off") as conn:
-        assert conn.execute("SELECT count(*) FROM webhooks._yoyo_migration").fetchone() != (0,)
-        # The functions were installed as written (standard_conforming_strings was off).
-        assert conn.execute("SELECT count(*) FROM webhooks.queue_partitions"
-                            " WHERE parent = 'deliveries'").fetchone() == (3,)

@@ -3,7 +3,8 @@
 The targets here are raw TCP servers on 127.0.0.1 that write exactly the bytes a test
 gives them: NUL bytes, invalid UTF-8, compressed bodies, huge and malformed headers,
 malformed Retry-After values. The one sanitizer of recorded text, alone:
-tests/unit/test_pg_text.py.
+tests/unit/test_pg_text.py; a batch of outcomes the database refuses, split and the rest
+recorded: tests/db/test_delivery.py.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import asyncio
 import contextlib
 import dataclasses
 import gzip
-import time
 import zlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -20,15 +20,11 @@ from contextlib import asynccontextmanager
 import psycopg
 import pytest
 
-from service.store import Store
 from service.worker import delivery
 from service.worker.delivery import BODY_LIMIT
-from service.worker.recorder import Recorder
-from tests.support.claims import claim
-from tests.support.fanout import drain_outbox
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe, subscription
-from tests.support.worker import add_invoice, make_settings, open_pool, poll, running_worker
+from tests.support.worker import add_invoice, poll, running_worker
 
 
 @dataclasses.dataclass
@@ -172,39 +168,6 @@ async def test_deliveries_ask_for_no_compression(db_url: str, conn: psycopg.Conn
             await receiver.wait_for(lambda r: len(r.deliveries()) == 1)
         headers = {k.lower(): v for k, v in receiver.deliveries()[0].headers.items()}
         assert headers.get("accept-encoding") == "identity"
-
-
-async def test_a_batch_that_fails_is_split_and_the_rest_recorded(
-        db_url: str, conn: psycopg.Connection) -> None:
-    for n in range(3):
-        subscribe(conn, f"http://s{n}.example/", events=["invoice.create"])
-    conn.execute("INSERT INTO invoices (number, customer, amount)"
-                 " SELECT 'B' || g, 'c', 1 FROM generate_series(1, 3) g")
-    settings = make_settings(db_url)
-    async with open_pool(db_url) as pool:
-        await drain_outbox(Store(pool), 1000)
-        claims = await claim(Store(pool), limit=100, per_target=100, busy={}, lease=60.0,
-                                      scan=100)
-        assert len(claims) == 9
-        outcomes = [delivery.decide(c, settings, status=500, retry_after=None,
-                                    attempted_at=time.time(), duration_ms=1.0,
-                                    error="boom") for c in claims]
-        # A value Postgres refuses, whatever the text cleaning does (a next attempt past
-        # the end of time): it fails its batch, every time.
-        outcomes[4] = dataclasses.replace(outcomes[4], retry_in=1e300)
-        recorder = Recorder(Store(pool))
-        for o in outcomes:
-            recorder.add(o)
-        recorder.close()
-        await asyncio.wait_for(recorder.run(), 20)
-    assert recorder.recorded == 8 and recorder.dropped == 1
-    assert conn.execute("SELECT count(*) FROM webhooks.attempts").fetchone() == (8,)
-    bad = outcomes[4].claim.id
-    # The dropped one is still claimed: its lease brings it back.
-    assert conn.execute("SELECT count(*) FROM webhooks.attempts WHERE delivery_id = %s",
-                        (bad,)).fetchone() == (0,)
-    assert conn.execute("SELECT status, lease_expires_at IS NOT NULL FROM webhooks.deliveries"
-                        " WHERE id = %s", (bad,)).fetchone() == ("pending", True)
 
 
 # Retry-After values (raw bytes) that once raised outside the attempt's error handling;

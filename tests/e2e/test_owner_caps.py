@@ -1,14 +1,13 @@
 """In-flight caps per owner: one owner's many hanging subscriptions cannot fill a worker
-(the claim holding the cap: tests/db/test_delivery.py)."""
+(the claim holding the cap: tests/db/test_delivery.py; the setting,
+WEBHOOKS_PER_OWNER_CONCURRENCY: tests/unit/test_config.py)."""
 
 from __future__ import annotations
 
 import time
 
 import psycopg
-import pytest
 
-from service.config import ConfigError, Settings
 from tests.support.receivers import Receiver, hanging_receiver
 from tests.support.subscriptions import subscribe
 from tests.support.worker import add_invoice, poll, running_worker
@@ -37,11 +36,3 @@ async def test_one_owners_hanging_subscriptions_leave_room_for_others(
             await poll(lambda: len(hanging.received) == 12 * 8, timeout=20,
                        what="the greedy owner's deliveries, once its targets answer")
     assert elapsed < 5  # far below the 30 s the hanging targets hold their slots
-
-
-def test_per_owner_setting() -> None:
-    assert Settings().per_owner_concurrency is None  # half of the worker's slots
-    settings = Settings.from_env({"WEBHOOKS_PER_OWNER_CONCURRENCY": "3"})
-    assert settings.per_owner_concurrency == 3
-    with pytest.raises(ConfigError, match="WEBHOOKS_PER_OWNER_CONCURRENCY"):
-        Settings.from_env({"WEBHOOKS_PER_OWNER_CONCURRENCY": "0"})

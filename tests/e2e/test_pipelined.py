@@ -1,36 +1,16 @@
-"""The fan-out and the claim in one round trip (Store.fanout_and_claim): the claim takes what the
-fan-out just made, and a burst has the partitions it fills analysed (that a failure
-leaves the outbox as it was: tests/db/test_pipelined.py)."""
+"""A burst has the partitions it fills analysed: after a fan-out that made many deliveries
+the worker analyses the partition being filled (the fan-out and the claim in one round
+trip, Store.fanout_and_claim: tests/db/test_pipelined.py)."""
 
 from __future__ import annotations
 
 import psycopg
 import pytest
 
-from service.store import Store
-from service.worker import delivery, upkeep
-from service.worker.delivery import Claim
-from service.worker.fanout import FanoutBatch, fanout_params
-from tests.support.claims import claim_params
+from service.worker import upkeep
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe
-from tests.support.worker import add_invoice, maintained, open_pool, poll, running_worker
-
-
-async def test_the_claim_takes_the_deliveries_the_fan_out_made(
-        db_url: str, conn: psycopg.Connection) -> None:
-    sid = subscribe(conn, "http://t.example/", events=["invoice.create"])[0]
-    add_invoice(conn, "P-1")
-    add_invoice(conn, "P-2")
-    async with open_pool(db_url) as pool:
-        batches, rows = await Store(pool).fanout_and_claim(
-            FanoutBatch, Claim, fanout=fanout_params(100, 1 << 20), claim=claim_params())
-    assert [(b.locked, b.taken, b.created) for b in batches] == [(True, 2, 2)]
-    claims = delivery.in_start_order(rows)
-    assert [c.subscription_id for c in claims] == [sid, sid]
-    assert claims[0].id < claims[1].id
-    assert conn.execute("SELECT count(*) FROM webhooks.deliveries WHERE attempts = 1"
-                        " AND lease_expires_at IS NOT NULL").fetchone() == (2,)
+from tests.support.worker import maintained, poll, running_worker
 
 
 async def test_a_burst_has_the_partitions_it_fills_analysed(

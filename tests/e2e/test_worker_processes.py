@@ -1,5 +1,6 @@
 """`webhooks worker --processes N` and `webhooks api --processes N`: N processes on one
-host, one command to stop them, and a child that dies is started again."""
+host, one command to stop them, and a child that dies is started again (a worker child's
+command line: tests/unit/test_processes.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import psycopg
 
-from service.commands.processes import api_child_argv, child_argv
+from service.commands.processes import api_child_argv
 from tests.support.net import free_port
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe
@@ -53,13 +54,6 @@ def listening(pid: int, port: int) -> bool:
         if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port and inode in inodes:
             return True
     return False
-
-
-def test_each_child_is_one_worker_with_its_own_metrics_port() -> None:
-    argv = child_argv(2, 16, 9100, "0.0.0.0")
-    assert argv[1:] == ["-m", "service", "worker", "--processes", "1", "--concurrency", "16",
-                        "--metrics-port", "9102", "--metrics-host", "0.0.0.0"]
-    assert "--metrics-port" not in child_argv(0, None, None, "127.0.0.1")
 
 
 async def test_processes_deliver_together_restart_a_dead_child_and_stop_cleanly(

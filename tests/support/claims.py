@@ -1,15 +1,13 @@
 """A claim made directly, outside a worker: the claim query with the parameters the
-worker's pacing builds (service.worker.pacing.claim_params), its rows in start order; and
-such parameters for a small claim (claim_params)."""
+worker's pacing builds (service.worker.pacing.claim_params), its rows in start order."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
 from service.store import Store
-from service.store.worker import ClaimParams
-from service.worker import pacing
 from service.worker.delivery import Claim, in_start_order
+from service.worker.pacing import claim_params
 
 
 async def claim(store: Store, *, limit: int, per_target: int,
@@ -23,13 +21,7 @@ async def claim(store: Store, *, limit: int, per_target: int,
     than one. `busy_owners` does the same per owner, capped at `per_owner` (None: no cap).
     Deliveries of inactive subscriptions are closed as failed and not returned.
     """
-    rows = await store.claim(Claim, pacing.claim_params(
+    rows = await store.claim(Claim, claim_params(
         limit=limit, per_target=per_target, busy=busy, lease=lease, scan=scan,
         degraded=degraded, per_owner=per_owner, busy_owners=busy_owners))
     return in_start_order(rows)
-
-
-def claim_params(limit: int = 10) -> ClaimParams:
-    """The parameters of a claim of up to `limit` deliveries, 8 per target, none in
-    flight."""
-    return pacing.claim_params(limit=limit, per_target=8, busy={}, lease=60.0, scan=100)

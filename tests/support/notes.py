@@ -1,6 +1,6 @@
 """A table of the application's, `notes`, attached as the DBA would with webhooks.attach
 and its settings, and the bodies of the events made (tests/db/test_attach.py,
-tests/e2e/test_guest_dba.py)."""
+tests/db/test_backfill_sql.py, tests/e2e/test_guest_dba.py)."""
 
 from __future__ import annotations
 

@@ -105,6 +105,15 @@ def test_the_owner_bounds_have_their_defaults() -> None:
     assert Settings.from_env({"WEBHOOKS_MAX_PAGE_BYTES": "5000"}).max_page_bytes == 5000
 
 
+# The per-owner cap at work in a worker: tests/e2e/test_owner_caps.py.
+def test_per_owner_setting() -> None:
+    assert Settings().per_owner_concurrency is None  # half of the worker's slots
+    settings = Settings.from_env({"WEBHOOKS_PER_OWNER_CONCURRENCY": "3"})
+    assert settings.per_owner_concurrency == 3
+    with pytest.raises(ConfigError, match="WEBHOOKS_PER_OWNER_CONCURRENCY"):
+        Settings.from_env({"WEBHOOKS_PER_OWNER_CONCURRENCY": "0"})
+
+
 @pytest.fixture
 def tls(tmp_path: Path) -> TlsFiles:
     return make_tls(tmp_path)
