@@ -13,8 +13,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -29,21 +28,12 @@ from cryptography.x509.oid import NameOID
 from service.curl import AttemptError, CurlClient
 from service.curl.transfer import MAX_HEADER_BYTES
 from service.ssrf import TargetRejected
+from tests.support.clients import curl_client as client
 from tests.support.receivers import Received, Receiver, status
 
 JSON = ["Content-Type: application/json"]
 
 
-@asynccontextmanager
-async def client(**kwargs: object) -> AsyncIterator[CurlClient]:
-    options: dict[str, object] = {"allow_private": True, "max_connections": 8,
-                                  "body_limit": 1024}
-    options.update(kwargs)
-    curl = CurlClient(**options)  # type: ignore[arg-type]
-    try:
-        yield curl
-    finally:
-        await curl.close()
 
 
 def port_of(url: str) -> int:

@@ -13,12 +13,10 @@ from aiohttp import web
 
 from service.api.handshake import BODY_LIMIT, HandshakeFailed, new_secret, verify
 from service.http import make_client
+from tests.support.clients import ANSWERED
+from tests.support.clients import handshake_failure as failure
 from tests.support.net import free_port
 from tests.support.receivers import Received, Receiver, echo_secret, status
-
-# The verification timeout of a target that answers: long enough for an answer from this
-# process's event loop while the parallel suite keeps both cores busy (0.5 s was not).
-ANSWERED = 5.0
 
 
 @pytest.fixture
@@ -32,14 +30,6 @@ def closed_port() -> int:
     return free_port()  # nothing listens there, and the kernel hands it to no socket
 
 
-async def failure(client: httpx.AsyncClient, url: str, secret: str | None = None,
-                  timeout: float = ANSWERED) -> str:
-    secret = secret or new_secret()
-    with pytest.raises(HandshakeFailed) as info:
-        await verify(client, url, secret, timeout)
-    message = str(info.value)
-    assert secret not in message and "whsec_" not in message
-    return message
 
 
 async def test_echo_passes(receiver: Receiver, client: httpx.AsyncClient) -> None:

@@ -4,26 +4,14 @@ tests/e2e/test_curl_client.py)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
 import pytest
 
-from service.curl import AttemptError, CurlClient
+from service.curl import AttemptError
+from tests.support.clients import curl_client as client
 
 JSON = ["Content-Type: application/json"]
 
 
-@asynccontextmanager
-async def client(**kwargs: object) -> AsyncIterator[CurlClient]:
-    options: dict[str, object] = {"allow_private": True, "max_connections": 8,
-                                  "body_limit": 1024}
-    options.update(kwargs)
-    curl = CurlClient(**options)  # type: ignore[arg-type]
-    try:
-        yield curl
-    finally:
-        await curl.close()
 
 
 async def test_a_name_that_does_not_resolve_is_an_attempt_error() -> None:

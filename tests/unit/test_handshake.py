@@ -6,25 +6,9 @@ from __future__ import annotations
 
 import base64
 
-import httpx
-import pytest
-
-from service.api.handshake import HandshakeFailed, new_secret, verify
+from service.api.handshake import new_secret
 from service.http import make_client
-
-# The handshake's timeout, as tests/e2e/test_handshake.py gives a target that answers: the
-# guard refuses long before it.
-ANSWERED = 5.0
-
-
-async def failure(client: httpx.AsyncClient, url: str, secret: str | None = None,
-                  timeout: float = ANSWERED) -> str:
-    secret = secret or new_secret()
-    with pytest.raises(HandshakeFailed) as info:
-        await verify(client, url, secret, timeout)
-    message = str(info.value)
-    assert secret not in message and "whsec_" not in message
-    return message
+from tests.support.clients import handshake_failure as failure
 
 
 def test_secret_form() -> None:
