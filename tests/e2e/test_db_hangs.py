@@ -1,6 +1,8 @@
 """Database connections that die without an error (a TCP proxy, tests/support/proxy.py,
 between the service and PostgreSQL): the worker resumes, nothing committed is lost, the
-API answers within its bound and serves again once connections work."""
+API answers within its bound and serves again once connections work (the server's own
+bounds on an abandoned backend, which the service's connections set by default:
+tests/db/test_abandoned_backends.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from service.db import connect
 from service.store import DeadlineExceeded, Store, StoreUnavailable, make_pool
 from tests.support.api import api_for
 from tests.support.proxy import Proxy, port_of
@@ -309,21 +310,3 @@ async def test_a_statement_abandoned_while_the_server_sends_releases_its_locks(
                    what="the abandoned statement's lock released")
     finally:
         await pool.close()
-
-
-def test_service_connections_bound_an_idle_transaction_by_default(db_url: str) -> None:
-    with connect(db_url) as c:
-        row = c.execute("SHOW idle_in_transaction_session_timeout").fetchone()
-    assert row == ("1min",)
-
-
-def test_the_server_notices_a_vanished_client_by_default(db_url: str) -> None:
-    """The server's keepalives and tcp_user_timeout are set on the service's connections
-    (a third of WEBHOOKS_DB_TCP_TIMEOUT to the first probe, the whole of it unacknowledged),
-    so that a backend whose client host vanished mid-statement ends instead of waiting
-    with its locks for the operating system's two hours."""
-    with connect(db_url) as c:
-        row = c.execute("SELECT current_setting('tcp_keepalives_idle'),"
-                        " current_setting('tcp_keepalives_count'),"
-                        " current_setting('tcp_user_timeout')").fetchone()
-    assert row == ("5", "4", "15000")

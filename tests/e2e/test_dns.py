@@ -1,5 +1,6 @@
 """Name resolution for deliveries: asynchronous (c-ares through aiodns), bounded by its own
-timeout, and a hanging name server never holds up other lookups or deliveries.
+timeout, and a hanging name server never holds up other lookups or deliveries (the
+settings, WEBHOOKS_DNS_TIMEOUT and WEBHOOKS_DNS_SERVERS: tests/unit/test_config.py).
 
 The hanging name server is a UDP socket on 127.0.0.1 that never answers.
 """
@@ -14,7 +15,6 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from service.config import ConfigError, Settings
 from service.ssrf import GuardedResolver, TargetRejected, resolve_checked
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe, subscription
@@ -80,13 +80,3 @@ async def test_delivery_with_a_hanging_name_server(db_url: str, conn: psycopg.Co
         row = subscription(conn, slow)
         assert row["last_status"] == 0
         assert "no answer within 0.5s" in row["last_failure_content"]
-
-
-def test_dns_settings() -> None:
-    assert Settings().dns_timeout == 5.0 and Settings().dns_servers == ()
-    settings = Settings.from_env({"WEBHOOKS_DNS_TIMEOUT": "2",
-                                  "WEBHOOKS_DNS_SERVERS": "10.0.0.53, 10.0.0.54:5353"})
-    assert settings.dns_timeout == 2.0
-    assert settings.dns_servers == ("10.0.0.53", "10.0.0.54:5353")
-    with pytest.raises(ConfigError, match="WEBHOOKS_DNS_TIMEOUT"):
-        Settings.from_env({"WEBHOOKS_DNS_TIMEOUT": "0"})

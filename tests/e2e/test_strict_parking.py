@@ -1,7 +1,9 @@
-"""Strict ordering's parked queue (sql/ordering.sql): the deliveries behind a strict
-subscription's head wait out of the due range, so that no claim reads them, and each
-path that ends a head, deactivates a subscription or requeues deliveries leaves exactly
-the right one due; a head left parked comes due in the lifecycle round."""
+"""Strict ordering's parked queue (sql/ordering.sql) with a worker delivering it: the
+deliveries behind a strict subscription's head wait out of the due range, so that no claim
+reads them, and each path that ends a head, deactivates a subscription or requeues
+deliveries leaves exactly the right one due; a head left parked comes due in the lifecycle
+round (the upgrade's parking, the recorder's wait for a fan-out parking behind its head and
+a backfill's batch, in the database alone: tests/db/test_strict_parking.py)."""
 
 from __future__ import annotations
 
@@ -9,36 +11,17 @@ import asyncio
 import json
 import threading
 import time
-from pathlib import Path
 
 import psycopg
 import pytest
 
 from service import db
-from service.worker.fanout import fanout_params
 from tests.support.receivers import Received, Receiver, echo_secret, status
+from tests.support.strict import invoices, queue, strict
 from tests.support.subscriptions import subscribe
 from tests.support.worker import poll, running_worker
 
 HELD = 30.0  # a retry this far off keeps a failed head pending for the whole test
-
-
-def strict(conn: psycopg.Connection, target: str) -> int:
-    sid, _ = subscribe(conn, target, events=["invoice.create"])
-    conn.execute("UPDATE webhooks.subscriptions SET ordering = 'strict' WHERE id = %s", (sid,))
-    return sid
-
-
-def invoices(conn: psycopg.Connection, count: int, prefix: str) -> None:
-    conn.execute("INSERT INTO invoices (number, customer, amount)"
-                 " SELECT %s || i, 'c', 1 FROM generate_series(1, %s) i", (prefix, count))
-
-
-def queue(conn: psycopg.Connection, sid: int) -> list[tuple[int, bool, int]]:
-    """(id, due at some time, attempts) of the subscription's pending deliveries, by id."""
-    return [(r[0], r[1], r[2]) for r in conn.execute(
-        "SELECT id, next_attempt_at < 'infinity', attempts FROM webhooks.deliveries"
-        " WHERE subscription_id = %s AND status = 'pending' ORDER BY id", (sid,))]
 
 
 def count(conn: psycopg.Connection, sid: int, status: str) -> int:
@@ -139,28 +122,6 @@ async def test_recovered_deliveries_wait_parked_behind_the_first(
     assert ids[-8:] == sorted(ids[-8:])
 
 
-def test_the_upgrade_parks_the_queues_that_exist(conn: psycopg.Connection) -> None:
-    """Migration 0014 on a queue made before it: every due delivery behind a strict
-    subscription's head is parked; the head, a delivery in flight and an unordered
-    subscription's queue are left as they were."""
-    sid = strict(conn, "http://127.0.0.1:9/")
-    unordered, _ = subscribe(conn, "http://127.0.0.1:9/", events=["invoice.create"])
-    conn.execute(
-        "WITH e AS (INSERT INTO webhooks.events (id, hook_resource, name, occurred_at, body)"
-        "  SELECT nextval('webhooks.event_ids'), 'invoices', 'invoice.create', now(), '{}'"
-        "    FROM generate_series(1, 6) RETURNING id)"
-        " INSERT INTO webhooks.deliveries (event_id, subscription_id)"
-        " SELECT e.id, s FROM e, unnest(%s::bigint[]) AS s ORDER BY e.id, s",
-        ([sid, unordered],))
-    # The third is in flight (a worker's lease), as a lease that outlived its head can be.
-    third = queue(conn, sid)[2][0]
-    conn.execute("UPDATE webhooks.deliveries SET lease_expires_at = now() + interval '1 min',"
-                 " next_attempt_at = now() + interval '1 min' WHERE id = %s", (third,))
-    conn.execute(Path(db.MIGRATIONS_DIR, "0014.strict-parking.sql").read_text())
-    assert [due for _, due, _ in queue(conn, sid)] == [True, False, True, False, False, False]
-    assert all(due for _, due, _ in queue(conn, unordered))
-
-
 @pytest.mark.parametrize("writers", [4])
 async def test_writers_racing_the_recorder_never_leave_a_head_parked(
         writers: int, db_url: str, conn: psycopg.Connection) -> None:
@@ -208,60 +169,3 @@ async def test_writers_racing_the_recorder_never_leave_a_head_parked(
         assert not stuck, f"a head stayed parked: {stuck}"
         ids = event_ids(target.deliveries())
     assert ids == sorted(ids) and len(ids) == total
-
-
-def test_a_recorder_finishing_the_head_waits_for_the_parker_and_unparks_its_delivery(
-        db_url: str, conn: psycopg.Connection) -> None:
-    """The interleaving the lock is for: a fan-out parks a new delivery behind the head
-    and has not committed when a recorder finishes that head. The recorder's update
-    waits for the fan-out's commit, so its unpark, a later statement, sees the parked
-    delivery and makes it due (without the lock the record would pass, its unpark see
-    nothing, and the new head stay parked)."""
-    sid = strict(conn, "http://127.0.0.1:9/")
-    params = fanout_params(100, 1_000_000)
-    invoices(conn, 1, "A-")
-    conn.execute(db.query("fanout"), params)
-    (head, _, _), = queue(conn, sid)
-    created = conn.execute("UPDATE webhooks.deliveries SET attempts = 1,"
-                           " lease_expires_at = now() + interval '1 min' WHERE id = %s"
-                           " RETURNING created_at", (head,)).fetchone()
-    assert created is not None
-    batch = json.dumps([[head, 1, sid, 200, "succeeded", None, time.time(), 1.0, None,
-                         created[0].isoformat()]])
-    invoices(conn, 1, "B-")
-    with psycopg.connect(db_url) as parker:
-        parker.execute(db.query("fanout"), params)  # open: B is parked, the head locked
-        recorder_pid: list[int] = []
-
-        def record() -> None:
-            with psycopg.connect(db_url, autocommit=True) as c:
-                recorder_pid.append(c.info.backend_pid)
-                row = c.execute(db.query("record"), {"batch": batch}).fetchone()
-                assert row is not None and row[3] == [sid]
-                c.execute(db.query("unpark"), {"subscription_ids": row[3]})
-
-        recorder = threading.Thread(target=record)
-        recorder.start()
-        deadline = time.monotonic() + 10
-        while not (recorder_pid and conn.execute(
-                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
-                (recorder_pid[0],)).fetchone() == (True,)):
-            assert recorder.is_alive() and time.monotonic() < deadline, \
-                "the recorder did not wait for the parker's lock on the head"
-            time.sleep(0.01)
-        parker.commit()
-        recorder.join(10)
-    assert not recorder.is_alive()
-    assert [due for _, due, _ in queue(conn, sid)] == [True]
-
-
-def test_a_backfill_batch_waits_parked_behind_the_live_head(
-        conn: psycopg.Connection) -> None:
-    invoices(conn, 6, "OLD-")
-    sid = strict(conn, "http://127.0.0.1:9/")
-    invoices(conn, 1, "LIVE-")
-    conn.execute(db.query("fanout"), fanout_params(100, 1_000_000))
-    conn.execute("SELECT webhooks.start_backfill(%s)", (sid,))
-    step = conn.execute("SELECT queued FROM webhooks.backfill_step(4, 262144)").fetchone()
-    assert step == (4,)
-    assert [due for _, due, _ in queue(conn, sid)] == [True, False, False, False, False]

@@ -114,6 +114,18 @@ def test_per_owner_setting() -> None:
         Settings.from_env({"WEBHOOKS_PER_OWNER_CONCURRENCY": "0"})
 
 
+# Lookups bounded by the timeout, against a name server that never answers:
+# tests/e2e/test_dns.py.
+def test_dns_settings() -> None:
+    assert Settings().dns_timeout == 5.0 and Settings().dns_servers == ()
+    settings = Settings.from_env({"WEBHOOKS_DNS_TIMEOUT": "2",
+                                  "WEBHOOKS_DNS_SERVERS": "10.0.0.53, 10.0.0.54:5353"})
+    assert settings.dns_timeout == 2.0
+    assert settings.dns_servers == ("10.0.0.53", "10.0.0.54:5353")
+    with pytest.raises(ConfigError, match="WEBHOOKS_DNS_TIMEOUT"):
+        Settings.from_env({"WEBHOOKS_DNS_TIMEOUT": "0"})
+
+
 @pytest.fixture
 def tls(tmp_path: Path) -> TlsFiles:
     return make_tls(tmp_path)
