@@ -6,7 +6,6 @@ import asyncio
 import time
 
 import psycopg
-import pytest
 
 from tests.support.receivers import Receiver
 from tests.support.subscriptions import subscribe, subscription
@@ -20,28 +19,32 @@ async def wait_for_attempt(conn: psycopg.Connection, sid: int, timeout: float = 
         await asyncio.sleep(0.05)
 
 
-@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::ffff:127.0.0.1]",
-                                  "2130706433", "0x7f.0.0.1"])
-async def test_private_targets_are_refused_at_delivery(db_url: str, conn: psycopg.Connection,
-                                                       host: str) -> None:
+PRIVATE_FORMS = ["127.0.0.1", "localhost", "[::ffff:127.0.0.1]", "2130706433", "0x7f.0.0.1"]
+
+
+async def test_private_targets_are_refused_at_delivery(db_url: str, conn: psycopg.Connection
+                                                       ) -> None:
     async with Receiver() as receiver:
         port = receiver.url.split(":")[-1].split("/")[0]
         # Stored directly: as if its DNS answer changed to a private address after the
-        # handshake, or the guard was off when it was created.
-        sid, _ = subscribe(conn, f"http://{host}:{port}/hook")
+        # handshake, or the guard was off when it was created. One subscription per form.
+        sids = {host: subscribe(conn, f"http://{host}:{port}/hook")[0]
+                for host in PRIVATE_FORMS}
         async with running_worker(db_url, allow_private_targets=False):
             add_invoice(conn, "SSRF-1")
-            await wait_for_attempt(conn, sid)
-        row = subscription(conn, sid)
-        assert row["last_status"] == 0
-        content = row["last_failure_content"] or ""
-        # Names and literals are refused by the guard; the URL library itself already
-        # rejects the numeric forms that only some resolvers expand (2130706433).
-        assert any(word in content for word in ("loopback", "non-public", "private",
-                                                "not a canonical IPv4")), content
-        if host == "localhost":
-            # What a name resolves to is never told: no internal-DNS oracle.
-            assert "127.0.0.1" not in content and "::1" not in content, content
+            for sid in sids.values():
+                await wait_for_attempt(conn, sid)
+        for host, sid in sids.items():
+            row = subscription(conn, sid)
+            assert row["last_status"] == 0, host
+            content = row["last_failure_content"] or ""
+            # Names and literals are refused by the guard; the URL library itself already
+            # rejects the numeric forms that only some resolvers expand (2130706433).
+            assert any(word in content for word in ("loopback", "non-public", "private",
+                                                    "not a canonical IPv4")), (host, content)
+            if host == "localhost":
+                # What a name resolves to is never told: no internal-DNS oracle.
+                assert "127.0.0.1" not in content and "::1" not in content, content
         assert receiver.received == []
 
 
