@@ -11,7 +11,7 @@ reached every active, matching subscription at least once; nothing rolled back a
 nothing for an inactive subscription may arrive. Runs against its own private cluster
 (.pgdata-chaos/), which it may restart.
 
-    python -m tests.chaos [--seconds 60] [--writers 4] [--short]
+    python -m tests.chaos [--seconds 60] [--writers 4] [--throttle 0.2] [--short]
 """
 
 from __future__ import annotations
@@ -94,8 +94,9 @@ class Receipts:
     statuses: Counter[int] = field(default_factory=Counter)
 
 
-def receiver_for(receipts: Receipts, rng: random.Random) -> Receiver:
-    """One receiver; the path names the subscription and so its behaviour."""
+def receiver_for(receipts: Receipts, rng: random.Random, throttle: float) -> Receiver:
+    """One receiver; the path names the subscription and so its behaviour (the throttled
+    one answers that share of its requests 429)."""
     behaviours = {name: b for name, _, _, _, b, _ in SUBSCRIPTIONS}
 
     async def handle(req: Received) -> web.StreamResponse:
@@ -107,7 +108,7 @@ def receiver_for(receipts: Receipts, rng: random.Random) -> Receiver:
         elif behaviour == "slow" and rng.random() < 0.1:
             await asyncio.sleep(3)  # past the workers' delivery timeout
             status = 200
-        elif behaviour == "throttle" and rng.random() < 0.2:
+        elif behaviour == "throttle" and rng.random() < throttle:
             receipts.statuses[429] += 1
             return web.Response(status=429, headers={"Retry-After": "1"})
         elif behaviour == "gone":
@@ -260,7 +261,7 @@ def expected_for(changes: list[Change]) -> dict[str, set[tuple[str, str, int | N
     return expected
 
 
-async def chaos(seconds: float, writers: int, kills: int, seed: int) -> int:
+async def chaos(seconds: float, writers: int, kills: int, seed: int, throttle: float) -> int:
     """Runs the scenario; 0 when nothing was lost."""
     rng = random.Random(seed)
     devdb.stop(DATADIR)
@@ -272,7 +273,7 @@ async def chaos(seconds: float, writers: int, kills: int, seed: int) -> int:
     url = admin.rsplit("/", 1)[0] + "/chaos"
     db.migrate(url)
     receipts = Receipts()
-    receiver = await receiver_for(receipts, rng).start(path="")
+    receiver = await receiver_for(receipts, rng, throttle).start(path="")
     base = receiver.url
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SET client_min_messages = warning")
@@ -412,13 +413,19 @@ def main() -> int:
     parser.add_argument("--writers", type=int, default=4)
     parser.add_argument("--kills", type=int, default=4)
     parser.add_argument("--seed", type=int, default=int(time.time()))
-    parser.add_argument("--short", action="store_true", help="the CI version: 12 s, 2 writers")
+    parser.add_argument("--throttle", type=float, default=0.2,
+                        help="the share of the throttled target's answers that are 429")
+    parser.add_argument("--short", action="store_true",
+                        help="the CI version: 12 s, 2 writers, 5%% of answers 429")
     args = parser.parse_args()
     if args.short:
-        args.seconds, args.writers, args.kills = 12, 2, 2
+        # Each 429 halves what the throttled target is sent at once: at 20%, the drain of
+        # its backlog was most of the run.
+        args.seconds, args.writers, args.kills, args.throttle = 12, 2, 2, 0.05
     print(f"chaos: {args.seconds:g} s, {args.writers} writers, {args.kills} worker kills, "
           f"seed {args.seed}")
-    return asyncio.run(chaos(args.seconds, args.writers, args.kills, args.seed))
+    return asyncio.run(chaos(args.seconds, args.writers, args.kills, args.seed,
+                             args.throttle))
 
 
 if __name__ == "__main__":

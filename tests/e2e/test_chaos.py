@@ -10,7 +10,7 @@ import pytest
 
 
 # The run's own drain waits while deliveries keep arriving (at most 10 minutes, and gives up
-# after 30 s without progress); the throttled target's backlog takes it 1 to 3 minutes.
+# after 30 s without progress); the short run's drain takes seconds to a minute.
 @pytest.mark.timeout(720)
 def test_short_chaos_run_loses_nothing() -> None:
     result = subprocess.run([sys.executable, "-m", "tests.chaos", "--short", "--seed", "7"],
