@@ -22,30 +22,13 @@ from tests.support.hostile import (
     WRITER,
     hostile_defaults,  # noqa: F401  (the fixture `hostile`)
 )
+from tests.support.seeds import seed_day
 from tests.support.subscriptions import subscribe
 from tests.support.worker import open_pool
 
 WEEK = 7 * 86400.0
 
 
-def seed_day(conn: psycopg.Connection, sid: int, days_ago: int, n: int, *,
-             finished_ago: str | None = None) -> None:
-    """n finished deliveries (with their events) made `days_ago` days ago, finished then
-    or `finished_ago` (an interval) ago, in that day's partitions."""
-    conn.execute("SELECT webhooks.ensure_partitions(now() - make_interval(days => %s),"
-                 " now() - make_interval(days => %s))", (days_ago, days_ago))
-    conn.execute(
-        "WITH e AS (INSERT INTO webhooks.events (id, hook_resource, name, occurred_at, body,"
-        "                                      created_at)"
-        "  SELECT nextval('webhooks.event_ids'), 'invoices', 'invoice.create', t, '{}', t"
-        "    FROM generate_series(1, %(n)s),"
-        "         LATERAL (SELECT now() - make_interval(days => %(ago)s)) AS x (t)"
-        "  RETURNING id, created_at)"
-        " INSERT INTO webhooks.deliveries (event_id, subscription_id, status, attempts,"
-        "                                 created_at, finished_at)"
-        " SELECT e.id, %(sid)s, 'succeeded', 1, e.created_at,"
-        "        coalesce(now() - %(finished)s::interval, e.created_at) FROM e",
-        {"n": n, "ago": days_ago, "sid": sid, "finished": finished_ago})
 
 
 def deliveries_partitions(conn: psycopg.Connection) -> list[tuple[str, datetime, datetime]]:
@@ -58,7 +41,7 @@ async def test_retention_under_hostile_defaults_keeps_a_requeued_delivery(
     """A delivery requeued between the choice and the detach: the detached partition goes
     back with its own bounds, and the delivery stays in the queue."""
     sid, _ = subscribe(conn)
-    seed_day(conn, sid, 10, 20)
+    seed_day(conn, sid, 10, 20, attempts=False)
     before = deliveries_partitions(conn)
     chosen: list[dict[str, Any]] = []
     real_drop = pruning._drop
@@ -84,7 +67,7 @@ def test_retention_bounds_go_back_as_they_came_in_any_session(
     (the service's own sessions set theirs): the bounds the first returns put a detached
     partition back exactly where it was."""
     sid, _ = subscribe(conn)
-    seed_day(conn, sid, 10, 5)
+    seed_day(conn, sid, 10, 5, attempts=False)
     before = deliveries_partitions(conn)
     with psycopg.connect(db_url, autocommit=True, options=WRITER) as dba, \
             dba.cursor(row_factory=dict_row) as cur:
@@ -107,7 +90,7 @@ def test_a_dba_session_sees_the_partitions_as_they_are(
     style and string syntax answer as from the service's sessions."""
     sid, _ = subscribe(conn)
     # Made ten days ago, finished an hour inside the week's retention: the day is busy.
-    seed_day(conn, sid, 10, 3, finished_ago="6 days 23 hours")
+    seed_day(conn, sid, 10, 3, finished_ago="6 days 23 hours", attempts=False)
     name = deliveries_partitions(conn)[0][0]
     conn.execute("SELECT webhooks.ensure_partitions(now(), now() + interval '2 days')")
     count = "SELECT count(*) FROM webhooks.queue_partitions WHERE parent = 'deliveries'"

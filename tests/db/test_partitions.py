@@ -23,6 +23,7 @@ from service.worker.pruning import prune
 from tests.conftest import SERVER_URL, TEST_OPTIONS, Clones, drop_database, with_dbname
 from tests.support.claims import claim
 from tests.support.schema import migrate_to
+from tests.support.seeds import seed_day
 from tests.support.worker import open_pool, running_worker
 
 DAY = 86400.0
@@ -50,28 +51,6 @@ def subscription(conn: psycopg.Connection) -> int:
     return int(row[0])
 
 
-def seed_day(conn: psycopg.Connection, sid: int, days_ago: int, n: int,
-             status: str = "succeeded") -> None:
-    """n events and deliveries made `days_ago` days ago (finished then unless pending),
-    each with one attempt, in the partitions of that day (created if need be)."""
-    conn.execute("SELECT webhooks.ensure_partitions(now() - make_interval(days => %s),"
-                 " now() - make_interval(days => %s))", (days_ago, days_ago))
-    conn.execute(
-        "WITH e AS (INSERT INTO webhooks.events (id, hook_resource, name, occurred_at, body,"
-        "                                      created_at)"
-        "  SELECT nextval('webhooks.event_ids'), 'invoices', 'invoice.create', t, '{}', t"
-        "    FROM generate_series(1, %(n)s),"
-        "         LATERAL (SELECT now() - make_interval(days => %(ago)s)) AS x (t)"
-        "  RETURNING id, created_at),"
-        " d AS (INSERT INTO webhooks.deliveries (event_id, subscription_id, status, attempts,"
-        "                                       created_at, finished_at)"
-        "  SELECT e.id, %(sid)s, %(status)s, 1, e.created_at,"
-        "         CASE WHEN %(status)s <> 'pending' THEN e.created_at END FROM e"
-        "  RETURNING id, created_at)"
-        " INSERT INTO webhooks.attempts (delivery_id, subscription_id, attempt, attempted_at,"
-        "                                status, duration_ms)"
-        " SELECT d.id, %(sid)s, 1, d.created_at, 200, 1 FROM d",
-        {"n": n, "ago": days_ago, "sid": sid, "status": status})
 
 
 def count(conn: psycopg.Connection, table: str) -> int:
