@@ -147,8 +147,9 @@ async def move_target(store: Store, number: int, target: str, principal: Princip
     await allowed_target(target, settings)
     secret = await verified_secret(client, target, settings, metrics,
                                    "target verification failed, the target is unchanged")
-    if not await store.set_subscription_target(id=number, target=target, previous=current,
-                                               secret=box.seal(secret),
+    if not await store.set_subscription_target(id=number, owner=principal.owner,
+                                               tenant=principal.tenant, target=target,
+                                               previous=current, secret=box.seal(secret),
                                                overlap=settings.secret_overlap):
         raise ApiError(409, f"webhook {number}'s target changed during the handshake; "
                             "send the request again")

@@ -131,10 +131,12 @@ class ApiQueries(AsyncQueries):
                               {"id": id, "owner": owner, "tenant": tenant})
         return None if row is None else str(row["target"])
 
-    async def set_subscription_target(self, *, id: int, target: str, previous: str,
-                                      secret: str, overlap: float) -> bool:
-        """Moves the subscription to `target` with the (sealed) `secret` it verified, if
-        its target is still `previous`; the secret it replaces signs for `overlap` s."""
+    async def set_subscription_target(self, *, id: int, owner: str, tenant: str | None,
+                                      target: str, previous: str, secret: str,
+                                      overlap: float) -> bool:
+        """Moves the owner's (tenant's) subscription to `target` with the (sealed) `secret`
+        it verified, if its target is still `previous`; the secret it replaces signs for
+        `overlap` s."""
         return await self._one("api_subscription_set_target", {
-            "id": id, "target": target, "previous": previous, "secret": secret,
-            "overlap": overlap}) is not None
+            "id": id, "owner": owner, "tenant": tenant, "target": target,
+            "previous": previous, "secret": secret, "overlap": overlap}) is not None

@@ -231,7 +231,8 @@ SELECT target FROM webhooks.subscriptions
 -- Moves the subscription to a target the handshake verified with a newly made secret
 -- (sealed), unless its target changed meanwhile (another request): then nothing, and the
 -- API says so. The new secret signs from now on; the one it replaces keeps signing beside
--- it for %(overlap)s seconds (none when 0), as after a rotation.
+-- it for %(overlap)s seconds (none when 0), as after a rotation. Scoped to the caller's
+-- subscriptions like every query here, though the API found the target through them.
 UPDATE webhooks.subscriptions AS s
    SET target = %(target)s,
        previous_secret = CASE WHEN %(overlap)s::float8 > 0 THEN s.secret END,
@@ -239,5 +240,7 @@ UPDATE webhooks.subscriptions AS s
                                          THEN now() + make_interval(secs => %(overlap)s)
                                     END,
        secret = %(secret)s
- WHERE id = %(id)s AND target = %(previous)s
+ WHERE id = %(id)s AND owner = %(owner)s
+   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
+   AND target = %(previous)s
 RETURNING id
