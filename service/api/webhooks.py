@@ -230,7 +230,8 @@ async def update_webhook(
         if active and not current.active and current.filter is not None:
             # The owner's filters are counted under the lock creates take too.
             await s.lock_owner(owner=principal.owner)
-            stored = await s.subscription_filter_path(id=number)
+            stored = await s.subscription_filter_path(id=number, owner=principal.owner,
+                                                      tenant=principal.tenant)
             await check_filter_budget(s, principal, number, stored, settings)
         updated = await s.set_subscription_active(id=number, owner=principal.owner,
                                                   tenant=principal.tenant, active=active,

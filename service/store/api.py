@@ -119,9 +119,11 @@ class ApiQueries(AsyncQueries):
         return await self._one("api_owner_filter_bytes",
                                {"owner": owner, "id": id, "filter_path": filter_path})
 
-    async def subscription_filter_path(self, *, id: int) -> str | None:
-        """The subscription's compiled filter, or None."""
-        row = await self._one("api_subscription_filter_path", {"id": id})
+    async def subscription_filter_path(self, *, id: int, owner: str, tenant: str | None
+                                       ) -> str | None:
+        """The owner's (tenant's) subscription's compiled filter, or None."""
+        row = await self._one("api_subscription_filter_path",
+                              {"id": id, "owner": owner, "tenant": tenant})
         return row["filter_path"] if row else None
 
     async def subscription_target(self, *, id: int, owner: str, tenant: str | None

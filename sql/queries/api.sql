@@ -219,7 +219,10 @@ SELECT coalesce(sum(octet_length(filter_path::text)), 0)::bigint AS used,
    AND active AND filter_path IS NOT NULL AND id <> %(id)s
 
 -- name: api_subscription_filter_path --
-SELECT filter_path::text AS filter_path FROM webhooks.subscriptions WHERE id = %(id)s
+-- The caller's subscription's compiled filter.
+SELECT filter_path::text AS filter_path FROM webhooks.subscriptions
+ WHERE id = %(id)s AND owner = %(owner)s
+   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
 
 -- name: api_subscription_target --
 -- The caller's subscription's target, before a handshake with a new target.

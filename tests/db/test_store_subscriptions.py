@@ -119,7 +119,11 @@ async def test_insert_stores_the_filter_and_its_path(
     # Stored as a jsonpath: read back in PostgreSQL's spelling of it.
     spelt = conn.execute("SELECT %s::jsonpath::text", (path,)).fetchone()
     assert spelt is not None
-    assert await Store(pool).subscription_filter_path(id=row["id"]) == spelt[0]
+    read = Store(pool).subscription_filter_path
+    assert await read(id=row["id"], owner="alice", tenant=None) == spelt[0]
+    # Another owner's or tenant's subscription has none to them.
+    for owner, tenant in (("mallory", None), ("alice", "acme")):
+        assert await read(id=row["id"], owner=owner, tenant=tenant) is None
 
 
 async def test_insert_stops_at_the_cap_which_counts_every_tenant_of_the_owner_only(
