@@ -50,6 +50,12 @@ def numbers_received(receiver: Receiver) -> set[str]:
     return {json.loads(r.body)["resource"]["number"] for r in receiver.deliveries()}
 
 
+def outbox_rows(conn: psycopg.Connection) -> int:
+    row = conn.execute("SELECT count(*) FROM webhooks.outbox").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def backends_through(conn: psycopg.Connection, application: str) -> int:
     row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
                        "current_database() AND application_name = %s",
@@ -214,7 +220,16 @@ async def test_a_worker_process_with_the_default_deadlines_resumes_within_the_bo
         faulted = time.monotonic()
         for n in range(5):
             add_invoice(conn, f"after-{n}")
-        await receiver.wait_for(lambda r: len(r.deliveries()) >= 6, timeout=WORKER_BOUND)
+        try:
+            await receiver.wait_for(lambda r: len(r.deliveries()) >= 6, timeout=WORKER_BOUND)
+        except AssertionError as exc:
+            # What the worker said, and where each delivery stands, tell why.
+            rows = conn.execute("SELECT id, status, attempts, next_attempt_at,"
+                                " lease_expires_at FROM webhooks.deliveries ORDER BY id"
+                                ).fetchall()
+            raise AssertionError(f"{exc}; received {sorted(numbers_received(receiver))};"
+                                 f" deliveries {rows}; outbox rows {outbox_rows(conn)};"
+                                 f" worker log:\n{log.read_text()[-6000:]}") from None
         took = time.monotonic() - faulted
     finally:
         process.terminate()
