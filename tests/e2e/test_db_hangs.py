@@ -56,6 +56,28 @@ def outbox_rows(conn: psycopg.Connection) -> int:
     return int(row[0])
 
 
+async def requests_in_flight_done(conn: psycopg.Connection) -> None:
+    """Waits until no other session of the database runs a statement, twice in a row. A
+    request the worker sent just before a fault has reached the server and runs there: a
+    fan-out and claim whose transaction began then leases rows committed after the fault,
+    and its answer never arrives, so they wait out their lease (a minute) as designed. The
+    rows a test commits after this are ones only a request after the fault could take."""
+    def quiet() -> bool:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity"
+                           " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                           " AND state = 'active'").fetchone()
+        return row == (0,)
+
+    calm = 0
+
+    def settled() -> bool:
+        nonlocal calm
+        calm = calm + 1 if quiet() else 0
+        return calm >= 2
+
+    await poll(settled, timeout=10, what="the requests in flight at the fault finished")
+
+
 def backends_through(conn: psycopg.Connection, application: str) -> int:
     row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
                        "current_database() AND application_name = %s",
@@ -77,6 +99,7 @@ async def test_worker_resumes_when_its_connections_stop_answering(
         first_listener = listen_connections(worker)
         getattr(proxy, fault)()
         faulted = time.monotonic()
+        await requests_in_flight_done(conn)
         for n in range(5):
             add_invoice(conn, f"after-{n}")
         await receiver.wait_for(lambda r: len(r.deliveries()) >= 6, timeout=WORKER_BOUND)
@@ -218,6 +241,7 @@ async def test_a_worker_process_with_the_default_deadlines_resumes_within_the_bo
                    what="the worker listening")
         proxy.hang()
         faulted = time.monotonic()
+        await requests_in_flight_done(conn)
         for n in range(5):
             add_invoice(conn, f"after-{n}")
         try:
