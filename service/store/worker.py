@@ -107,9 +107,11 @@ class WorkerQueries(AsyncQueries):
         return await self._run("close_inactive", one_signature({
             "subscription_ids": subscription_ids, "limit": limit}))
 
-    async def release(self, *, ids: list[int], attempts: list[int]) -> None:
-        """Gives claimed deliveries back, due now, their attempt not counted."""
-        await self._run("release", {"ids": ids, "attempts": attempts})
+    async def release(self, *, ids: list[int], attempts: list[int], dues: list[datetime]
+                      ) -> None:
+        """Gives claimed deliveries back, due again at the time they were due when claimed
+        (`dues`, at the latest now), their attempt not counted."""
+        await self._run("release", {"ids": ids, "attempts": attempts, "dues": dues})
 
     async def ensure_partitions(self, *, ahead: int) -> None:
         """Creates the queue's partitions up to `ahead` days from today."""

@@ -232,7 +232,9 @@ def decide(c: Claim, settings: Settings, *, status: int, retry_after: str | None
 
 
 async def release(store: Store, claims: Sequence[Claim]) -> None:
-    """Gives back claims that will not be finished: due again now, attempt not counted."""
+    """Gives back claims that will not be finished: due again at once in their place (the
+    time they were due), attempt not counted."""
     if not claims:
         return
-    await store.release(ids=[c.id for c in claims], attempts=[c.attempts for c in claims])
+    await store.release(ids=[c.id for c in claims], attempts=[c.attempts for c in claims],
+                        dues=[c.due for c in claims])

@@ -448,11 +448,15 @@ UPDATE webhooks.deliveries d
    AND d.created_at = x.created_at AND d.tableoid = x.part AND d.ctid = x.tid
 
 -- name: release --
--- Shutdown: claims this worker will not finish come due again at once, and the attempt
--- they did not complete is given back.
+-- Claims this worker will not finish (at shutdown, or waiting behind a target that became
+-- degraded) come due again at once, in their place: at the time they were due when
+-- claimed, so that a queue's later deliveries do not pass them. The attempt they did not
+-- complete is given back.
 UPDATE webhooks.deliveries d
-   SET next_attempt_at = now(), lease_expires_at = NULL, attempts = d.attempts - 1
-  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS r (id, attempt)
+   SET next_attempt_at = least(r.due, now()), lease_expires_at = NULL,
+       attempts = d.attempts - 1
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(dues)s::timestamptz[])
+       AS r (id, attempt, due)
  WHERE d.id = r.id AND d.attempts = r.attempt AND d.status = 'pending'
 
 -- name: partitions_ensure --

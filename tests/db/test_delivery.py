@@ -152,6 +152,20 @@ async def test_release_gives_the_attempt_back(pool: AsyncConnectionPool,
     assert [(c.id, c.attempts) for c in again] == [(c.id, 1) for c in claims]
 
 
+async def test_a_released_claim_keeps_its_place_in_the_queue(
+        pool: AsyncConnectionPool, conn: psycopg.Connection) -> None:
+    """Given back (behind a degraded target, or at shutdown), a delivery is due again at the
+    time it was due when claimed: the queue's later deliveries, due since, do not pass it
+    (a backfill's snapshots start in id order)."""
+    await queue(pool, conn, 3)
+    (first,) = await take(pool, 1)
+    await release(Store(pool), [first])
+    due = conn.execute("SELECT next_attempt_at FROM webhooks.deliveries WHERE id = %s",
+                       (first.id,)).fetchone()
+    assert due == (first.due,)
+    assert [c.id for c in await take(pool, 1)] == [first.id]
+
+
 async def test_deleted_subscription_outcome_is_dropped(pool: AsyncConnectionPool,
                                                        conn: psycopg.Connection) -> None:
     (sid,) = await queue(pool, conn, 1)
