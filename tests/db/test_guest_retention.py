@@ -8,7 +8,6 @@ under the same defaults)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 import psycopg
 import pytest
@@ -16,13 +15,12 @@ from psycopg.rows import dict_row
 
 from service import db
 from service.store import Store
-from service.worker import pruning
 from service.worker.pruning import prune
 from tests.support.hostile import (
     WRITER,
     hostile_defaults,  # noqa: F401  (the fixture `hostile`)
 )
-from tests.support.seeds import seed_day
+from tests.support.seeds import requeue_before_the_drop, seed_day
 from tests.support.subscriptions import subscribe
 from tests.support.worker import open_pool
 
@@ -43,16 +41,7 @@ async def test_retention_under_hostile_defaults_keeps_a_requeued_delivery(
     sid, _ = subscribe(conn)
     seed_day(conn, sid, 10, 20, attempts=False)
     before = deliveries_partitions(conn)
-    chosen: list[dict[str, Any]] = []
-    real_drop = pruning._drop
-
-    async def requeue_then_drop(s: Any, part: dict[str, Any], retention: float) -> bool:
-        if part["parent"] == "deliveries" and not chosen:
-            chosen.append(part)
-            conn.execute("SELECT webhooks.redeliver(min(id)) FROM webhooks.deliveries")
-        return await real_drop(s, part, retention)
-
-    monkeypatch.setattr(pruning, "_drop", requeue_then_drop)
+    chosen = requeue_before_the_drop(conn, monkeypatch)
     async with open_pool(hostile) as pool:
         assert await prune(Store(pool), retention=WEEK) == 0
     assert chosen

@@ -23,7 +23,7 @@ from service.worker.pruning import prune
 from tests.conftest import SERVER_URL, TEST_OPTIONS, Clones, drop_database, with_dbname
 from tests.support.claims import claim
 from tests.support.schema import migrate_to
-from tests.support.seeds import seed_day
+from tests.support.seeds import requeue_before_the_drop, seed_day
 from tests.support.worker import open_pool, running_worker
 
 DAY = 86400.0
@@ -123,26 +123,14 @@ async def test_retention_drops_old_days_and_keeps_pending_work(
 
 
 async def test_a_delivery_requeued_after_the_choice_is_kept(
-        db_url: str, conn: psycopg.Connection) -> None:
+        db_url: str, conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
     """redeliver between expired_partitions and the detach: the detached partition is
     checked again, attached back, and nothing is lost."""
     sid = subscription(conn)
     seed_day(conn, sid, 10, 20)
-    chosen: list[dict[str, Any]] = []
-    real_drop = pruning._drop
-
-    async def requeue_then_drop(s: Any, part: dict[str, Any], retention: float) -> bool:
-        if part["parent"] == "deliveries" and not chosen:
-            chosen.append(part)
-            conn.execute("SELECT webhooks.redeliver(min(id)) FROM webhooks.deliveries")
-        return await real_drop(s, part, retention)
-
-    pruning._drop = requeue_then_drop  # type: ignore[assignment]
-    try:
-        async with open_pool(db_url) as pool:
-            dropped = await prune(Store(pool), retention=WEEK)
-    finally:
-        pruning._drop = real_drop  # type: ignore[assignment]
+    chosen = requeue_before_the_drop(conn, monkeypatch)
+    async with open_pool(db_url) as pool:
+        dropped = await prune(Store(pool), retention=WEEK)
     assert chosen and dropped == 0
     assert count(conn, "deliveries") == 20
     assert conn.execute("SELECT count(*) FROM webhooks.deliveries WHERE status = 'pending'"

@@ -1,9 +1,14 @@
-"""Deliveries of past days, written straight into their partitions (the retention and
-partition tests)."""
+"""Deliveries of past days, written straight into their partitions, and a delivery
+requeued while retention drops them (the retention and partition tests)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
+import pytest
+
+from service.worker import pruning
 
 
 def seed_day(conn: psycopg.Connection, sid: int, days_ago: int, n: int,
@@ -32,3 +37,21 @@ def seed_day(conn: psycopg.Connection, sid: int, days_ago: int, n: int,
         " SELECT d.id, %(sid)s, 1, d.created_at, 200, 1 FROM d WHERE %(attempts)s",
         {"n": n, "ago": days_ago, "sid": sid, "status": status, "finished": finished_ago,
          "attempts": attempts})
+
+
+def requeue_before_the_drop(conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+                            ) -> list[dict[str, Any]]:
+    """Makes retention redeliver the oldest delivery just before it detaches the first
+    deliveries partition it chose (a delivery requeued between the choice and the drop);
+    returns the list that then holds that partition."""
+    chosen: list[dict[str, Any]] = []
+    real_drop = pruning._drop
+
+    async def requeue_then_drop(s: Any, part: dict[str, Any], retention: float) -> bool:
+        if part["parent"] == "deliveries" and not chosen:
+            chosen.append(part)
+            conn.execute("SELECT webhooks.redeliver(min(id)) FROM webhooks.deliveries")
+        return await real_drop(s, part, retention)
+
+    monkeypatch.setattr(pruning, "_drop", requeue_then_drop)
+    return chosen
