@@ -37,6 +37,8 @@ EventName = Annotated[str, Meta(pattern=ONE_EVENT)]
 PATTERNS = {NO_NUL: "must not contain NUL characters", ONE_EVENT: "each item names one event"}
 
 EMPTY = "request body is empty: send a JSON object"
+# What a time, in a body or a query parameter, must be.
+TIMESTAMP = "an RFC 3339 timestamp with a time zone, such as 2026-11-20T08:00:00Z"
 _SHOWN = 60
 # The end of a msgspec error naming where it is: " - at `$.events[0]`".
 _AT = re.compile(r" - at `\$\.(?P<name>[^`\[.]+)(?:\[(?P<index>\d+)\])?[^`]*`$")
@@ -232,5 +234,5 @@ def phrase(kind: Any, arrays: bool = False) -> str:
 
 _WORDS: dict[type, str] = {
     inspect.StrType: "a string", inspect.BoolType: "true or false", inspect.FloatType: "a number",
-    inspect.DateTimeType: "an RFC 3339 timestamp with a time zone, such as 2026-11-20T08:00:00Z",
+    inspect.DateTimeType: TIMESTAMP,
     inspect.NoneType: "null", inspect.DictType: "an object", inspect.AnyType: "any JSON value"}

@@ -18,7 +18,7 @@ from litestar.params import JSONBody, Parameter
 from msgspec import UNSET, Meta, UnsetType
 
 from service.api.auth import authenticated
-from service.api.bodies import Body
+from service.api.bodies import TIMESTAMP, Body
 from service.api.deps import IdPath, PrincipalDep, StoreDep
 from service.api.errors import ApiError, error_responses
 from service.api.models import (
@@ -110,8 +110,7 @@ def to_detail(row: dict[str, Any], attempts: list[dict[str, Any]]) -> DeliveryDe
 
 def parse_time(name: str, text: str) -> datetime:
     """An RFC 3339 timestamp with its offset, e.g. 2026-11-20T08:00:00Z; 400 otherwise."""
-    problem = f"{name} must be an RFC 3339 timestamp with a time zone, such as " \
-              f"2026-11-20T08:00:00Z, not {shown(text)}"
+    problem = f"{name} must be {TIMESTAMP}, not {shown(text)}"
     if len(text) < 20 or text[10] not in "Tt ":
         raise ApiError(400, problem)
     try:
